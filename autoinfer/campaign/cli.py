@@ -1,0 +1,75 @@
+"""`autoinfer sweep`, `status` and `export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from autoinfer.errors import UserError
+
+DEFAULT_CAMPAIGN = Path(__file__).resolve().parents[1] / "experiments" / "cpu-smoke.yaml"
+
+StudyOpt = typer.Option(None, "--study", help="Study name (default: the campaign's name, or the latest study).")
+StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite:///results/autoinfer.db).")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sweep)
+    app.command()(status)
+    app.command()(export)
+
+
+def sweep(
+    campaign_file: Optional[Path] = typer.Argument(None, help="Campaign YAML (default: the CPU smoke campaign)."),
+    study: Optional[str] = StudyOpt,
+    storage: Optional[str] = StorageOpt,
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Trial budget (counts trials already done)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="Wall-time budget in seconds."),
+    quiet: bool = typer.Option(False, "--quiet", help="No live display."),
+) -> None:
+    """Run or resume a campaign, then print the best configuration and the command to use it."""
+    from autoinfer.campaign.report import print_recommendation
+    from autoinfer.campaign.runner import sweep as run_sweep
+    from autoinfer.campaign.spec import load_campaign
+
+    campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
+    result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
+                       progress=not quiet)
+    print_recommendation(Console(), result.study, result.campaign)
+
+
+def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
+    """Trials done/failed/infeasible/remaining, the best so far with its spread, elapsed and estimated time left."""
+    from autoinfer.campaign.report import print_status
+    from autoinfer.campaign.store import load_study
+
+    print_status(Console(), load_study(study, storage))
+
+
+def export(
+    study: Optional[str] = StudyOpt,
+    storage: Optional[str] = StorageOpt,
+    format: str = typer.Option("server", "--format", help="server | bench | json | yaml"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of standard output."),
+) -> None:
+    """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
+    from autoinfer.campaign.store import best_trial, load_study, stored_campaign
+    from autoinfer.export.formats import FORMATS, render
+
+    if format not in FORMATS:
+        raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+    loaded = load_study(study, storage)
+    campaign = stored_campaign(loaded)
+    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
+    best = best_trial(loaded, weights)
+    if best is None:
+        raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
+    text = render(format, best, loaded.study_name)
+    if out:
+        out.write_text(text)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(text, nl=not text.endswith("\n"))

@@ -1,0 +1,31 @@
+"""Campaign model entries → GGUF files on disk, checked before anything is stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoinfer.campaign.spec import SYNTH_PREFIX
+from autoinfer.errors import UserError
+
+GGUF_MAGIC = b"GGUF"
+
+
+def resolve_model(entry: str) -> str:
+    """A file path for a campaign model entry; `synth:PRESET[/QTYPE]` is synthesized once and cached."""
+    if entry.startswith(SYNTH_PREFIX):
+        from autoinfer.model.synth import cached_model
+
+        preset, _, qtype = entry[len(SYNTH_PREFIX):].partition("/")
+        return str(cached_model(preset, qtype or "Q8_0"))
+    path = Path(entry)
+    if not path.is_file():
+        raise UserError(f"model file {entry} does not exist; fix the path under 'model:' or make one with "
+                        "`autoinfer model synth`")
+    with path.open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise UserError(f"model file {entry} is not a GGUF file (bad magic); point 'model:' at a .gguf file")
+    return str(path.resolve())
+
+
+def resolve_models(entries: list[str]) -> dict[str, str]:
+    return {entry: resolve_model(entry) for entry in entries}

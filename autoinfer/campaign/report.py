@@ -1,0 +1,78 @@
+"""What `sweep` prints at the end and what `status` prints: read back from the store, never from memory."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autoinfer.campaign import store
+from autoinfer.export.formats import render
+
+
+def spread(samples: list[float]) -> str:
+    if not samples:
+        return "—"
+    med = statistics.median(samples)
+    if len(samples) == 1:
+        return f"{med:.2f} (1 sample)"
+    return f"{med:.2f} (min {min(samples):.2f}, max {max(samples):.2f}, n={len(samples)})"
+
+
+def print_status(console: Console, study: optuna.Study) -> None:
+    campaign = store.stored_campaign(study)
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if store.is_finished(t)]
+    outcomes = Counter(store.outcome_of(t) for t in trials)
+    budget = campaign.budget.trials if campaign else len(finished)
+    table = Table(title=f"study {study.study_name}", show_header=False)
+    table.add_row("campaign", f"{campaign.name} (engine {campaign.engine})" if campaign else "imported")
+    table.add_row("trials", f"{len(finished)} done of {budget}, {max(budget - len(finished), 0)} remaining")
+    table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    infeasible = sum(v for k, v in outcomes.items() if k in ("oom", "infeasible", "predicted_infeasible"))
+    table.add_row("infeasible", str(infeasible))
+    starts = [t.datetime_start for t in trials if t.datetime_start]
+    ends = [t.datetime_complete for t in trials if t.datetime_complete]
+    if starts and ends:
+        elapsed = (max(ends) - min(starts)).total_seconds()
+        table.add_row("elapsed", f"{elapsed:.0f} s")
+        walls = [float(t.user_attrs["wall_s"]) for t in finished if t.user_attrs.get("wall_s")]
+        if walls and budget > len(finished):
+            table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
+    best = store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
+    if best is None:
+        table.add_row("best", "no feasible successful trial yet")
+    else:
+        t = best.trial
+        table.add_row("best", f"trial {t.number}: {_params(t.params)}")
+        table.add_row("  tg tok/s", spread(store.samples_of(t, "tg")))
+        table.add_row("  pp tok/s", spread(store.samples_of(t, "pp")))
+        table.add_row("  peak memory", _memory(t))
+    console.print(table)
+
+
+def _params(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(fixed configuration)"
+
+
+def _memory(t: optuna.trial.FrozenTrial) -> str:
+    vram, rss = t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib")
+    return f"VRAM {vram:.0f} MiB, RSS {rss:.0f} MiB" if vram else f"RSS {rss:.0f} MiB" if rss else "not measured"
+
+
+def print_recommendation(console: Console, study: optuna.Study, campaign) -> None:
+    best = store.best_trial(study, campaign.objective_weights())
+    if best is None:
+        console.print(f"[red]no feasible successful trial in study {study.study_name!r}[/red]; "
+                      f"see `autoinfer status --study {study.study_name}`")
+        return
+    t = best.trial
+    console.print(f"\n[bold]best of study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
+    console.print(f"  generation tok/s: {spread(store.samples_of(t, 'tg'))}")
+    console.print(f"  prompt tok/s:     {spread(store.samples_of(t, 'pp'))}")
+    console.print(f"  peak memory:      {_memory(t)}")
+    console.print("\nrun it with:")
+    console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)

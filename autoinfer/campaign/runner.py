@@ -1,0 +1,185 @@
+"""The campaign loop: ask Optuna → run the trial in an isolated child → tell Optuna; budgets; resume.
+
+The loop knows nothing engine-specific. Failures are outcomes, never exceptions that end the sweep; a trial that
+was running when a previous process died is failed and its configuration queued again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import optuna
+from optuna.trial import TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.models import resolve_models
+from autoinfer.campaign.progress import SweepProgress
+from autoinfer.campaign.space import distributions, suggest, to_config
+from autoinfer.campaign.spec import Campaign, check_space
+from autoinfer.engines import base
+from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext
+from autoinfer.errors import UserError
+from autoinfer.paths import default_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# Keys whose change makes a stored study a different campaign (budgets may change between runs).
+_IDENTITY_KEYS = ("engine", "model", "space", "objective", "measure", "constraints")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    study: optuna.Study
+    campaign: Campaign
+    best: store.Best | None
+    ran: int  # trials run by this process
+
+
+def make_sampler(campaign: Campaign) -> optuna.samplers.BaseSampler:
+    seed = campaign.sampler.seed
+    if campaign.sampler.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    startup = max(3, min(10, campaign.budget.trials // 3))
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True)
+
+
+@contextmanager
+def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
+    """SQLite supports one writer per study: a lock file beside the database makes a second worker fail clearly."""
+    if not url.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(url[len("sqlite:///"):]).with_suffix(f".{study_name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"another autoinfer process is running study {study_name!r} on {url}; SQLite allows one worker "
+                "per study — wait for it, or use a PostgreSQL storage for several workers (README: workers)"
+            ) from None
+        fh.write(str(os.getpid()))
+        fh.flush()
+        yield
+
+
+def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
+    """Create the study, or resume it if it exists and was made by the same campaign."""
+    storage = store.storage_for(url)
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction="maximize", sampler=make_sampler(campaign), load_if_exists=True
+    )
+    previous = store.stored_campaign(study)
+    if previous is not None:
+        for key in _IDENTITY_KEYS:
+            if getattr(previous, key) != getattr(campaign, key):
+                raise UserError(
+                    f"study {name!r} in {url} was made by a different campaign ({key!r} differs); "
+                    "use --study NEW_NAME or the original campaign file"
+                )
+    study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
+    return study
+
+
+def reclaim_stale(study: optuna.Study) -> int:
+    """Fail the trials a dead process left RUNNING and queue their configurations again."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    storage = study._storage
+    for t in stale:
+        storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
+        storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
+        storage.set_trial_user_attr(t._trial_id, "reason", "the sweep process died while this trial ran; re-queued")
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+    return len(stale)
+
+
+def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Measurement) -> None:
+    """Store a measurement and tell Optuna; memory outcomes become constraint violations, not scores."""
+    for key, value in store.measurement_attrs(m).items():
+        trial.set_user_attr(key, value)
+    store.save_artifacts(study.study_name, trial.number, m)
+    weights = campaign.objective_weights()
+    limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
+              "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
+    if m.outcome.is_memory:
+        trial.set_constraint("memory", 1.0)
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    if m.outcome is Outcome.PRUNED:
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None
+    if value is None:
+        if m.ok:
+            trial.set_user_attr("outcome", Outcome.BAD_OUTPUT.value)
+            trial.set_user_attr("reason", f"no samples for the objective {sorted(weights)}")
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    for key, (limit, used) in limits.items():
+        if limit is not None:
+            trial.set_constraint(key, (used or 0.0) - limit)
+            if used is not None and used > limit:
+                trial.set_user_attr("outcome", Outcome.INFEASIBLE.value)
+                trial.set_user_attr("reason", f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
+    study.tell(trial, value)
+
+
+def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
+              number: int) -> Measurement:
+    """One isolated measurement; an engine bug becomes a CRASH outcome instead of ending the sweep."""
+    from autoinfer.paths import trial_dir
+
+    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=trial_dir(study_name, number))
+    started = time.monotonic()
+    try:
+        return engine.run(config, ctx)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — recorded with its reason, the sweep goes on
+        return Measurement(Outcome.CRASH, reason=f"engine error: {type(exc).__name__}: {exc}",
+                           wall_s=time.monotonic() - started)
+
+
+def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | None = None,
+          trials: int | None = None, wall_s: float | None = None, progress: bool = True) -> SweepResult:
+    """Run (or resume) a campaign until its trial or wall-time budget is spent."""
+    budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
+    campaign = campaign.model_copy(update={"budget": budget})
+    name = study_name or campaign.name
+    url = storage or default_storage()
+    engine = base.create(campaign.engine, **campaign.engine_options)
+    check_space(campaign, engine.supported)
+    engine.check()
+    models = resolve_models(campaign.model)
+    dists = distributions(campaign)
+
+    with sqlite_single_worker(url, name):
+        study = open_study(campaign, name, url)
+        requeued = reclaim_stale(study)
+        done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
+        spent_s = sum(float(t.user_attrs.get("wall_s") or 0.0) for t in done)
+        session_start = time.monotonic()
+        ran = 0
+        with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view:
+            while len(done) + ran < budget.trials:
+                if budget.wall_s is not None and spent_s + time.monotonic() - session_start >= budget.wall_s:
+                    view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
+                    break
+                trial = study.ask(dists)
+                params: dict[str, Any] = suggest(trial, dists)
+                config = to_config(campaign, params, models)
+                trial.set_user_attr("config", config.to_params())
+                view.start(trial.number, params)
+                m = run_trial(engine, config, campaign, name, trial.number)
+                record(study, trial, campaign, m)
+                ran += 1
+                view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
+    return SweepResult(study, campaign, store.best_trial(study, campaign.objective_weights()), ran)

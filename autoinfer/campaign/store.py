@@ -1,0 +1,145 @@
+"""The study store: Optuna storage is the source of truth; per-trial artifacts live beside it on disk.
+
+Everything `status`, `export` and `analyze` show is read back from here, so a campaign can be inspected,
+resumed or exported from any process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoinfer.campaign.spec import Campaign
+from autoinfer.engines.base import Measurement, Outcome, TrialConfig
+from autoinfer.errors import UserError
+from autoinfer.paths import default_storage, trial_dir
+
+CAMPAIGN_ATTR = "campaign"
+STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
+
+
+def storage_for(url: str | None) -> optuna.storages.BaseStorage:
+    """An RDB storage for the URL (default: the SQLite file under results/)."""
+    url = url or default_storage()
+    try:
+        return optuna.storages.RDBStorage(url)
+    except (ValueError, ImportError) as exc:
+        raise UserError(f"cannot open storage {url!r}: {exc}") from None
+    except Exception as exc:  # sqlalchemy connection errors
+        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+
+
+def load_study(name: str | None, storage: str | None) -> optuna.Study:
+    """An existing study; with no name, the only (or most recent) one in the storage."""
+    store = storage_for(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
+    if not names:
+        raise UserError(f"no study in {storage or default_storage()}; run `autoinfer sweep` first")
+    if name is None:
+        name = names[-1]
+    elif name not in names:
+        raise UserError(f"no study {name!r} in {storage or default_storage()}; studies there: {', '.join(names)}")
+    return optuna.load_study(study_name=name, storage=store)
+
+
+def stored_campaign(study: optuna.Study) -> Campaign | None:
+    text = study.user_attrs.get(CAMPAIGN_ATTR)
+    return Campaign.from_json(text) if text else None
+
+
+def outcome_of(trial: FrozenTrial) -> str:
+    if trial.state == TrialState.RUNNING:
+        return "running"
+    if trial.state == TrialState.WAITING:
+        return "waiting"
+    return str(trial.user_attrs.get("outcome", "fail" if trial.state == TrialState.FAIL else "unknown"))
+
+
+def is_finished(trial: FrozenTrial) -> bool:
+    """Counts against the trial budget: ended, and not a stale trial whose configuration was re-queued."""
+    return trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
+
+
+def is_feasible_ok(trial: FrozenTrial) -> bool:
+    return (
+        trial.state == TrialState.COMPLETE
+        and trial.user_attrs.get("outcome") == Outcome.OK.value
+        and all(v <= 0 for v in trial.constraints.values())
+    )
+
+
+def config_of(trial: FrozenTrial) -> TrialConfig:
+    return TrialConfig.from_params(trial.user_attrs["config"])
+
+
+def samples_of(trial: FrozenTrial, kind: str) -> list[float]:
+    return [float(v) for v in trial.user_attrs.get(f"{kind}_samples", [])]
+
+
+def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float | None:
+    """The objective: weighted geometric mean of the medians, so tg and pp mix regardless of their scales."""
+    import statistics
+
+    total = 0.0
+    for kind, w in weights.items():
+        values = samples.get(kind) or []
+        if not values:
+            return None
+        med = statistics.median(values)
+        if med <= 0:
+            return None
+        total += w * math.log(med)
+    return math.exp(total)
+
+
+def save_artifacts(study: str, number: int, m: Measurement) -> Path:
+    """stdout, stderr, raw engine output and the command line of a trial, as files."""
+    folder = trial_dir(study, number)
+    (folder / "stdout.txt").write_text(m.stdout)
+    (folder / "stderr.txt").write_text(m.stderr)
+    (folder / "raw_output.txt").write_text(m.raw_output)
+    (folder / "command.txt").write_text(shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
+    return folder
+
+
+def measurement_attrs(m: Measurement) -> dict[str, Any]:
+    """The user attributes a trial carries (the store's schema)."""
+    return {
+        "outcome": m.outcome.value,
+        "reason": m.reason[:2000],
+        "engine_cmd": list(m.engine_cmd),
+        "tg_samples": list(m.tg_samples),
+        "pp_samples": list(m.pp_samples),
+        "vram_peak_mib": m.vram_peak_mib,
+        "rss_peak_mib": m.rss_peak_mib,
+        "wall_s": m.wall_s,
+        "engine_s": m.engine_s,
+        "metrics": json.loads(json.dumps(m.metrics, default=str)),
+        "env": json.loads(json.dumps(m.env, default=str)),
+    }
+
+
+@dataclass(frozen=True)
+class Best:
+    trial: FrozenTrial
+    config: TrialConfig
+    value: float
+
+
+def best_trial(study: optuna.Study, weights: dict[str, float]) -> Best | None:
+    """The feasible OK trial with the highest objective."""
+    best: Best | None = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if not is_feasible_ok(t):
+            continue
+        value = score({"tg": samples_of(t, "tg"), "pp": samples_of(t, "pp")}, weights)
+        if value is not None and (best is None or value > best.value):
+            best = Best(t, config_of(t), value)
+    return best

@@ -1,0 +1,42 @@
+"""The `autoinfer` command line. Each area registers its own commands; this module only wires them up."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from autoinfer.errors import UserError
+
+app = typer.Typer(
+    help="Find the fastest way to run a big MoE model on a GPU too small to hold it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each line adds one area's commands (its module owns them).
+from autoinfer.campaign.cli import register as _campaign  # noqa: E402  sweep, status, export
+
+_campaign(app)
+
+
+def main() -> None:
+    """Entry point: UserError becomes one line on stderr and exit status 2."""
+    try:
+        app(standalone_mode=False)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

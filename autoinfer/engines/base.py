@@ -1,0 +1,203 @@
+"""The engine plugin contract: a TrialConfig goes in, a Measurement comes out.
+
+The campaign loop knows nothing engine-specific; every engine turns the same TrialConfig into its own
+invocation and reports the same Measurement, so llama-bench, llama-server, llama-cpp-python, the replay table
+and the reference engine are interchangeable in a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from autoinfer.errors import UserError
+
+
+class Outcome(str, Enum):
+    """Why a trial ended the way it did. Only OK trials carry a score."""
+
+    OK = "ok"
+    OOM = "oom"  # out of memory on the device or host
+    INFEASIBLE = "infeasible"  # ran, but over a memory budget of the campaign
+    PREDICTED_INFEASIBLE = "predicted_infeasible"  # never run: the memory model says it cannot fit
+    LOAD_FAILED = "load_failed"  # the engine could not load the model (corrupt file, unsupported type)
+    REJECTED = "rejected"  # the engine refused the configuration (bad flag combination)
+    CRASH = "crash"  # killed by a signal or a non-zero exit we cannot explain further
+    TIMEOUT = "timeout"  # ran past the trial timeout; the process group was killed
+    BAD_OUTPUT = "bad_output"  # exited 0 but printed nothing we can parse
+    PRUNED = "pruned"  # cut short because its first repetition was hopeless
+
+    @property
+    def is_memory(self) -> bool:
+        """Outcomes recorded as infeasible through Optuna's constraint mechanism."""
+        return self in (Outcome.OOM, Outcome.INFEASIBLE, Outcome.PREDICTED_INFEASIBLE)
+
+
+FLASH_ATTN = ("auto", "on", "off")
+KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+LOAD_MODES = ("mmap", "none", "mlock", "mmap+mlock", "dio")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One configuration to measure. Field names are the parameter names of campaign files.
+
+    `override_tensors` holds llama.cpp tensor-override patterns ("regex=BUFFER"), one per entry, in the order
+    llama.cpp applies them (first match wins). `extra` holds knobs only some engines have (reference-engine
+    device/dtype, llama-bench priority and CPU mask, server slots), sorted by name so configs hash and compare.
+    """
+
+    model: Path
+    n_gpu_layers: int = 99
+    n_cpu_moe: int = 0
+    override_tensors: tuple[str, ...] = ()
+    threads: int | None = None
+    batch: int = 2048
+    ubatch: int = 512
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: str = "auto"
+    load_mode: str = "mmap"
+    n_prompt: int = 512
+    n_gen: int = 128
+    repetitions: int = 3
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model", Path(self.model))
+        object.__setattr__(self, "override_tensors", tuple(self.override_tensors))
+        object.__setattr__(self, "extra", tuple(sorted(dict(self.extra).items())))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """An engine-specific knob from `extra`."""
+        return dict(self.extra).get(name, default)
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls)) - {"extra"}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "TrialConfig":
+        """Build from flat parameters: known field names go to fields, the rest to `extra`."""
+        known = cls.field_names()
+        core = {k: v for k, v in params.items() if k in known}
+        extra = {k: v for k, v in params.items() if k not in known}
+        if "override_tensors" in core and isinstance(core["override_tensors"], str):
+            core["override_tensors"] = tuple(p for p in core["override_tensors"].split(";") if p)
+        return cls(**core, extra=tuple(extra.items()))
+
+    def to_params(self) -> dict[str, Any]:
+        """Flat JSON-friendly parameters; the inverse of from_params."""
+        out = {k: v for k, v in asdict(self).items() if k != "extra"}
+        out["model"] = str(self.model)
+        out["override_tensors"] = list(self.override_tensors)
+        out.update(dict(self.extra))
+        return out
+
+    def with_(self, **changes: Any) -> "TrialConfig":
+        return replace(self, **changes)
+
+
+def median(samples: tuple[float, ...] | list[float]) -> float | None:
+    return statistics.median(samples) if samples else None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one trial measured. Raw per-repetition samples are kept; summaries are computed from them."""
+
+    outcome: Outcome
+    reason: str = ""
+    tg_samples: tuple[float, ...] = ()  # generation tok/s, one per repetition
+    pp_samples: tuple[float, ...] = ()  # prompt tok/s, one per repetition
+    vram_peak_mib: float | None = None
+    rss_peak_mib: float | None = None
+    engine_cmd: tuple[str, ...] = ()
+    wall_s: float = 0.0  # harness wall time for the trial
+    engine_s: float | None = None  # the engine's own measured work (sum of its timed runs)
+    stdout: str = ""
+    stderr: str = ""
+    raw_output: str = ""  # the engine's machine-readable output, verbatim
+    metrics: dict[str, Any] = field(default_factory=dict)  # engine-specific: ttft_ms, load_s, cache hit rate …
+    env: dict[str, Any] = field(default_factory=dict)  # environment seen by the trial
+
+    @property
+    def tg(self) -> float | None:
+        return median(self.tg_samples)
+
+    @property
+    def pp(self) -> float | None:
+        return median(self.pp_samples)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def __post_init__(self) -> None:
+        for name in ("tg_samples", "pp_samples"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if any(not math.isfinite(v) or v < 0 for v in values):
+                raise ValueError(f"{name} must be finite non-negative tok/s, got {values}")
+            object.__setattr__(self, name, values)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the loop gives an engine for one trial."""
+
+    timeout_s: float
+    artifacts: Path  # results/<study>/trials/<number>/: engines may write extra files here
+    gpu_index: int | None = None  # device whose memory is sampled; None on CPU-only machines
+    on_first_sample: Callable[[float], bool] | None = None  # returns True to cut a hopeless trial short
+
+
+class Engine(Protocol):
+    """An engine plugin. Implementations live in autoinfer/engines/<name>.py and register below."""
+
+    name: str
+    #: TrialConfig field names and `extra` knobs this engine understands; others fail campaign validation.
+    supported: frozenset[str]
+
+    def check(self) -> None:
+        """Raise UserError when the engine cannot run here (binary missing, package not installed)."""
+
+    def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
+        """Measure one configuration. Never raises for a failed trial: failures are Measurements."""
+
+
+_FACTORIES: dict[str, Callable[..., Engine]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
+    def deco(factory: Callable[..., Engine]) -> Callable[..., Engine]:
+        _FACTORIES[name] = factory
+        return factory
+
+    return deco
+
+
+ENGINE_MODULES = {
+    "llama-bench": "autoinfer.engines.llama_bench",
+    "llama-server": "autoinfer.engines.llama_server",
+    "llama-cpp-python": "autoinfer.engines.llama_cpp_python",
+    "replay": "autoinfer.engines.replay",
+    "reference": "autoinfer.engines.reference",
+}
+
+
+def create(name: str, **options: Any) -> Engine:
+    """Instantiate an engine by its campaign-file name."""
+    if name not in ENGINE_MODULES:
+        raise UserError(f"unknown engine {name!r}: use one of {', '.join(ENGINE_MODULES)}")
+    if name not in _FACTORIES:
+        import importlib
+
+        try:
+            importlib.import_module(ENGINE_MODULES[name])
+        except ModuleNotFoundError as exc:
+            raise UserError(f"engine {name!r} is not available: {exc}; install its extra") from exc
+    return _FACTORIES[name](**options)
