@@ -19,6 +19,22 @@ app = typer.Typer(
 from autoinfer.campaign.cli import register as _campaign  # noqa: E402  sweep, status, export
 
 _campaign(app)
+from autoinfer.analysis.cli import register as _analysis  # noqa: E402  analyze, import
+
+_analysis(app)
+
+from autoinfer.llama.cli import register as _llama  # noqa: E402  build, doctor
+
+_llama(app)
+from autoinfer.campaign.replay_cli import register as _replay  # noqa: E402  replay
+
+_replay(app)
+from autoinfer.refengine.cli import register as _refengine  # noqa: E402  engine bench
+
+_refengine(app)
+from autoinfer.model.cli import register as _model  # noqa: E402  model synth, model info
+
+_model(app)
 
 
 def main() -> None:

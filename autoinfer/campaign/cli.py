@@ -29,15 +29,17 @@ def sweep(
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Trial budget (counts trials already done)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="Wall-time budget in seconds."),
     quiet: bool = typer.Option(False, "--quiet", help="No live display."),
+    confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
+                                 "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, then print the best configuration and the command to use it."""
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it."""
     from autoinfer.campaign.report import print_recommendation
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
     campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
-                       progress=not quiet)
+                       progress=not quiet, confirm=confirm)
     print_recommendation(Console(), result.study, result.campaign)
 
 
@@ -54,8 +56,12 @@ def export(
     storage: Optional[str] = StorageOpt,
     format: str = typer.Option("server", "--format", help="server | bench | json | yaml"),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of standard output."),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=1,
+                                                help="Pick from the Pareto front: the best within this many MiB."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
+    from autoinfer.campaign.confirm import confirmed_best
     from autoinfer.campaign.store import best_trial, load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
@@ -64,7 +70,12 @@ def export(
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
     weights = campaign.objective_weights() if campaign else {"tg": 1.0}
-    best = best_trial(loaded, weights)
+    if vram_budget is not None or objective is not None:
+        from autoinfer.campaign.pareto import pick
+
+        best = pick(loaded, vram_budget, objective or "balanced")
+    else:
+        best = confirmed_best(loaded) or best_trial(loaded, weights)
     if best is None:
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
     text = render(format, best, loaded.study_name)

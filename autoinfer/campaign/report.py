@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autoinfer.campaign import store
+from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, summary
+from autoinfer.campaign.drift import status_line
 from autoinfer.export.formats import render
 
 
@@ -34,6 +36,10 @@ def print_status(console: Console, study: optuna.Study) -> None:
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     infeasible = sum(v for k, v in outcomes.items() if k in ("oom", "infeasible", "predicted_infeasible"))
     table.add_row("infeasible", str(infeasible))
+    from autoinfer.campaign.informed import status_rows
+
+    for key, value in status_rows(study):
+        table.add_row(key, value)
     starts = [t.datetime_start for t in trials if t.datetime_start]
     ends = [t.datetime_complete for t in trials if t.datetime_complete]
     if starts and ends:
@@ -42,7 +48,11 @@ def print_status(console: Console, study: optuna.Study) -> None:
         walls = [float(t.user_attrs["wall_s"]) for t in finished if t.user_attrs.get("wall_s")]
         if walls and budget > len(finished):
             table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
-    best = store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
+    best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
+    confirmed = study.user_attrs.get(CONFIRMED_ATTR)
+    table.add_row("confirmed", summary(confirmed) if confirmed else "not yet (runs when the trial budget is spent)")
+    if (drift := status_line(study)) is not None:
+        table.add_row("drift anchor", drift)
     if best is None:
         table.add_row("best", "no feasible successful trial yet")
     else:
@@ -64,13 +74,15 @@ def _memory(t: optuna.trial.FrozenTrial) -> str:
 
 
 def print_recommendation(console: Console, study: optuna.Study, campaign) -> None:
-    best = store.best_trial(study, campaign.objective_weights())
+    best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights())
     if best is None:
         console.print(f"[red]no feasible successful trial in study {study.study_name!r}[/red]; "
                       f"see `autoinfer status --study {study.study_name}`")
         return
     t = best.trial
     console.print(f"\n[bold]best of study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
+    console.print(f"  {summary(best.confirmation) if best.confirmation else 'not confirmed by a re-measurement'}",
+                  markup=False, highlight=False)
     console.print(f"  generation tok/s: {spread(store.samples_of(t, 'tg'))}")
     console.print(f"  prompt tok/s:     {spread(store.samples_of(t, 'pp'))}")
     console.print(f"  peak memory:      {_memory(t)}")

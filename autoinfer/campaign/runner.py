@@ -17,7 +17,9 @@ from typing import Any, Iterator
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign import store
+from autoinfer.campaign import pareto, quality_gate, store
+from autoinfer.campaign.guard import TrialGuard
+from autoinfer.campaign.informed import SearchAid
 from autoinfer.campaign.models import resolve_models
 from autoinfer.campaign.progress import SweepProgress
 from autoinfer.campaign.space import distributions, suggest, to_config
@@ -74,7 +76,8 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
     """Create the study, or resume it if it exists and was made by the same campaign."""
     storage = store.storage_for(url)
     study = optuna.create_study(
-        study_name=name, storage=storage, direction="maximize", sampler=make_sampler(campaign), load_if_exists=True
+        study_name=name, storage=storage, directions=pareto.directions(campaign), sampler=make_sampler(campaign),
+        load_if_exists=True
     )
     previous = store.stored_campaign(study)
     if previous is not None:
@@ -116,7 +119,8 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     if m.outcome is Outcome.PRUNED:
         study.tell(trial, state=TrialState.PRUNED)
         return
-    value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None
+    value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples), "kld": store.kld_of(trial)},
+                        weights) if m.ok else None
     if value is None:
         if m.ok:
             trial.set_user_attr("outcome", Outcome.BAD_OUTPUT.value)
@@ -129,15 +133,16 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
             if used is not None and used > limit:
                 trial.set_user_attr("outcome", Outcome.INFEASIBLE.value)
                 trial.set_user_attr("reason", f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
-    study.tell(trial, value)
+    study.tell(trial, pareto.values(m) if pareto.enabled(campaign) else value)
 
 
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
-              number: int) -> Measurement:
+              number: int, on_first_sample: Any = None) -> Measurement:
     """One isolated measurement; an engine bug becomes a CRASH outcome instead of ending the sweep."""
     from autoinfer.paths import trial_dir
 
-    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=trial_dir(study_name, number))
+    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=trial_dir(study_name, number),
+                     on_first_sample=on_first_sample)
     started = time.monotonic()
     try:
         return engine.run(config, ctx)
@@ -149,8 +154,10 @@ def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, stud
 
 
 def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | None = None,
-          trials: int | None = None, wall_s: float | None = None, progress: bool = True) -> SweepResult:
-    """Run (or resume) a campaign until its trial or wall-time budget is spent."""
+          trials: int | None = None, wall_s: float | None = None, progress: bool = True,
+          confirm: bool = False) -> SweepResult:
+    """Run (or resume) a campaign until its trial or wall-time budget is spent, then confirm the top
+    configurations (campaign key confirm; `confirm=True` re-confirms even when no trial ran since the last time)."""
     budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
     campaign = campaign.model_copy(update={"budget": budget})
     name = study_name or campaign.name
@@ -158,28 +165,48 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
     engine.check()
-    models = resolve_models(campaign.model)
+    models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
+    qualities = quality_gate.prepare(campaign, models)
     dists = distributions(campaign)
 
     with sqlite_single_worker(url, name):
         study = open_study(campaign, name, url)
         requeued = reclaim_stale(study)
+        aid = SearchAid.create(campaign, engine, models)
+        aid.enqueue_start(study, dists)
+        aid.after_run(study)
+        skips = 0
         done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
         spent_s = sum(float(t.user_attrs.get("wall_s") or 0.0) for t in done)
         session_start = time.monotonic()
         ran = 0
-        with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view:
+        with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
+                TrialGuard(study, campaign, engine, view.note) as guard:
             while len(done) + ran < budget.trials:
                 if budget.wall_s is not None and spent_s + time.monotonic() - session_start >= budget.wall_s:
                     view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
                     break
                 trial = study.ask(dists)
                 params: dict[str, Any] = suggest(trial, dists)
-                config = to_config(campaign, params, models)
+                config = aid.realize(to_config(campaign, params, models), trial)
                 trial.set_user_attr("config", config.to_params())
                 view.start(trial.number, params)
-                m = run_trial(engine, config, campaign, name, trial.number)
+                skipped = quality_gate.annotate(trial, config, qualities, campaign) or aid.before_run(trial, config)
+                if skipped is not None:  # recorded, costs no measurement, not counted against the budget
+                    record(study, trial, campaign, skipped)
+                    view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
+                    skips += 1
+                    if skips > aid.max_skips(budget.trials):
+                        view.note(f"stopped: {skips} configurations in a row predicted over the memory budget")
+                        break
+                    continue
+                skips = 0
+                m = guard.measure(trial, config, lambda: run_trial(engine, config, campaign, name, trial.number,
+                                                                    aid.pruner(study, config)))
                 record(study, trial, campaign, m)
+                aid.after_run(study)
                 ran += 1
                 view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
+                guard.after_trial(trial.number)
+            guard.finish(force_confirm=confirm)
     return SweepResult(study, campaign, store.best_trial(study, campaign.objective_weights()), ran)

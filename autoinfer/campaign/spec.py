@@ -7,14 +7,16 @@ anything is stored.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.model.placement import PATTERNS, PLACEMENT_KEYS
 
 SYNTH_PREFIX = "synth:"  # "synth:tiny" or "synth:tiny/Q4_0": a synthetic model made (and cached) on first use
 
@@ -62,6 +64,16 @@ class Budget(_Strict):
 class Constraints(_Strict):
     vram_mib: float | None = Field(None, gt=0)
     ram_mib: float | None = Field(None, gt=0)
+    max_kld: float | None = Field(None, gt=0)  # model files whose KL divergence (nats) is larger are infeasible
+
+
+class Quality(_Strict):
+    """How the quality of each model file is measured (autoinfer.model.quality), when the campaign uses it."""
+
+    reference: str | None = None  # file KLD is measured against; default: the highest-precision model file
+    corpus: str | None = None  # UTF-8 text; default: the corpus shipped with autoinfer
+    ctx: int = Field(256, ge=16)
+    chunks: int | None = Field(None, ge=1)
 
 
 class Measure(_Strict):
@@ -69,6 +81,8 @@ class Measure(_Strict):
     n_gen: int = Field(16, ge=0)
     repetitions: int = Field(3, ge=1)
     timeout_s: float = Field(300, gt=0)
+    max_cv: float | None = Field(0.15, gt=0)  # spread (stdev/mean of the repetitions) a trial may have to count
+    rerun_noisy: bool = True  # a trial over max_cv is measured once more; both runs' samples are pooled
 
     @model_validator(mode="after")
     def _something(self) -> "Measure":
@@ -82,6 +96,54 @@ class Sampler(_Strict):
     seed: int | None = 0
 
 
+class Search(_Strict):
+    """How the search uses the model and the memory budget (autoinfer.campaign.informed)."""
+
+    informed: bool = True  # start a new study with the largest placement predicted to fit and its neighbours
+    neighbours: int = Field(4, ge=0)
+    fit_params: bool = True  # add llama-fit-params' answer for the same budget as a labelled baseline trial
+    skip_predicted: bool = True  # record configurations confidently over the budget as predicted_infeasible
+    z: float = Field(2.0, ge=0)  # "confidently": the prediction minus z standard deviations is still over
+    prune_below: float | None = Field(0.5, gt=0, lt=1)  # cut a trial whose first repetition is below this × best
+
+
+class Confirm(_Strict):
+    """Final re-measurement of the top configurations, interleaved, in fresh processes (autoinfer.campaign.confirm)."""
+
+    enabled: bool = True  # when the trial budget is spent; `autoinfer sweep --confirm` runs it on demand
+    top_k: int = Field(3, ge=2)
+    rounds: int = Field(5, ge=2)  # fresh runs per configuration; Mann-Whitney needs 4+ to ever see a difference
+    alpha: float = Field(0.05, gt=0, lt=1)
+    test: Literal["mannwhitney", "welch"] = "mannwhitney"
+
+
+class Drift(_Strict):
+    """A fixed anchor configuration re-measured during the campaign (autoinfer.campaign.drift)."""
+
+    every: int | None = Field(10, ge=1)  # trials between anchor runs; null turns the anchor off
+    threshold: float = Field(0.2, gt=0, lt=1)  # relative change of the anchor's median that counts as drift
+    backoff_s: float = Field(30, ge=0)  # wait after a drift before measuring the anchor again
+    max_backoffs: int = Field(3, ge=0)  # waits before the campaign goes on with the drift recorded
+    baseline: dict[str, Scalar] = Field(default_factory=dict)  # overrides of the first OK trial's configuration
+
+
+class Idle(_Strict):
+    """What to do when another program uses the GPU or the CPU before a trial (autoinfer.measure.idle)."""
+
+    policy: Literal["wait", "warn", "refuse", "off"] = "warn"
+    cpu_busy_percent: float = Field(50, gt=0, le=100)
+    wait_s: float = Field(120, ge=0)
+
+
+class InjectLoad(_Strict):
+    """A planted CPU load (busy-loop processes) during part of a campaign, to check the drift guard on one's own
+    machine: the anchor after it must drift and the trials under it must be re-queued."""
+
+    after_trial: int = Field(ge=0)  # the load starts before this trial number
+    trials: int = Field(1, ge=1)  # and stops after this many trials
+    processes: int = Field(2, ge=1)
+
+
 class Campaign(_Strict):
     """A validated campaign. `space` maps parameter names to a fixed value, a list (categorical) or a range."""
 
@@ -90,11 +152,17 @@ class Campaign(_Strict):
     engine_options: dict[str, Any] = Field(default_factory=dict)
     model: list[str]
     space: dict[str, ParamSpec] = Field(default_factory=dict)
-    objective: Union[Literal["tg", "pp"], dict[Literal["tg", "pp"], float]] = "tg"
+    objective: Union[Literal["tg", "pp", "pareto"], dict[Literal["tg", "pp", "kld"], float]] = "tg"
     budget: Budget = Budget()
     constraints: Constraints = Constraints()
+    quality: Quality = Quality()
     measure: Measure = Measure()
     sampler: Sampler = Sampler()
+    search: Search = Search()
+    confirm: Confirm = Confirm()
+    drift: Drift = Drift()
+    idle: Idle = Idle()
+    inject_load: InjectLoad | None = None
     source: str | None = None  # the file it came from, for messages
 
     @field_validator("model", mode="before")
@@ -113,16 +181,22 @@ class Campaign(_Strict):
     @classmethod
     def _weights(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            if not value or any(w < 0 for w in value.values()) or sum(value.values()) <= 0:
-                raise ValueError("weights must be non-negative and not all zero, e.g. {tg: 0.7, pp: 0.3}")
+            speed = [w for k, w in value.items() if k != "kld"]
+            if not speed or any(w < 0 for w in value.values()) or sum(speed) <= 0:
+                raise ValueError("weights must be non-negative and tg/pp not all zero, e.g. {tg: 0.7, pp: 0.3}")
         return value
 
     def objective_weights(self) -> dict[str, float]:
-        """{'tg': 1.0} for a plain objective; normalised weights for a mix."""
+        """{'tg': 1.0} for a plain objective; normalised weights for a mix; tg and pp balanced for pareto."""
+        if self.objective == "pareto":
+            return {"tg": 0.5, "pp": 0.5}
         if isinstance(self.objective, str):
             return {self.objective: 1.0}
-        total = sum(self.objective.values())
-        return {k: v / total for k, v in self.objective.items() if v > 0}
+        total = sum(v for k, v in self.objective.items() if k != "kld")
+        weights = {k: v / total for k, v in self.objective.items() if v > 0 and k != "kld"}
+        if self.objective.get("kld"):  # not normalised: the score is multiplied by exp(-weight · KLD)
+            weights["kld"] = self.objective["kld"]
+        return weights
 
     def searched(self) -> dict[str, ParamSpec]:
         """Parameters with more than one possible value (the ones Optuna suggests)."""
@@ -167,6 +241,23 @@ _VALUE_CHECKS: dict[str, tuple[str, ...]] = {
     "type_v": KV_TYPES,
     "flash_attn": FLASH_ATTN,
     "load_mode": LOAD_MODES,
+    "placement": PATTERNS,
+}
+
+
+def _int_in(low: int, high: int | None) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v and (high is None or v <= high)
+
+
+# llama-bench priority and thread placement (engines.llama_common.BENCH_EXTRAS), with what each value must be: a
+# bad one fails here, before the first trial, instead of as a trial llama-bench rejects.
+_BENCH_KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "prio": (_int_in(-1, 3), "an integer from -1 (low) to 3 (realtime)"),
+    "cpu_mask": (lambda v: isinstance(v, str) and re.fullmatch(r"(0x)?[0-9a-fA-F]+", v) is not None,
+                 'a quoted hex CPU mask such as "0x3" (unquoted, YAML reads 0x3 as the number 3)'),
+    "cpu_strict": (lambda v: v in (0, 1), "0, 1, true or false"),
+    "delay": (_int_in(0, None), "a whole number of seconds, 0 or more"),
+    "poll": (_int_in(0, 100), "an integer from 0 to 100"),
 }
 
 
@@ -178,16 +269,39 @@ def _values(spec: ParamSpec) -> list[Any]:
     return [spec]
 
 
+def engines_with(name: str) -> list[str]:
+    """Engines whose fixed parameter set includes `name` (engines whose set depends on their options are left out)."""
+    import importlib
+
+    from autoinfer.engines import base
+
+    found = []
+    for engine, module in base.ENGINE_MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        supported = getattr(base._FACTORIES.get(engine), "supported", None)
+        if isinstance(supported, frozenset) and (name in supported or (
+                "override_tensors" in supported and name in PLACEMENT_KEYS)):
+            found.append(engine)
+    return found
+
+
 def check_space(campaign: Campaign, supported: frozenset[str]) -> None:
     """Every parameter must be one the engine understands and every value one it accepts."""
+    if "override_tensors" in supported:  # placement parameters become tensor overrides
+        supported = supported | frozenset(PLACEMENT_KEYS)
     for name, spec in campaign.space.items():
         where = f"space.{name}"
         if name == "model":
             raise UserError(f"{where}: list model files under the top-level key 'model', not in space")
         if name not in supported:
+            others = engines_with(name)
             raise UserError(
                 f"{where}: engine {campaign.engine!r} has no parameter {name!r}; "
                 f"it supports: {', '.join(sorted(supported - {'model'}))}"
+                + (f"; engines that have {name!r}: {', '.join(others)}" if others else "")
             )
         if isinstance(spec, list) and not spec:
             raise UserError(f"{where}: empty list; give at least one value")
@@ -196,7 +310,13 @@ def check_space(campaign: Campaign, supported: frozenset[str]) -> None:
             bad = [v for v in _values(spec) if str(v) not in allowed]
             if bad:
                 raise UserError(f"{where}: {bad[0]!r} is not one of {', '.join(allowed)}")
-        if name in TrialConfig.field_names() - {"model", "override_tensors"} and name not in _VALUE_CHECKS:
+        if name in _BENCH_KNOBS:
+            valid, what = _BENCH_KNOBS[name]
+            bad = [v for v in _values(spec) if not valid(v)]
+            if bad:
+                raise UserError(f"{where}: {bad[0]!r} is not valid; give {what}")
+        numeric = TrialConfig.field_names() - {"model", "override_tensors"} | {"cpu_expert_layers"}
+        if name in numeric and name not in _VALUE_CHECKS:
             for v in _values(spec):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise UserError(f"{where}: {v!r} is not a number")

@@ -22,12 +22,16 @@ from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, trial_dir
 
 CAMPAIGN_ATTR = "campaign"
+MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
+DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
 
 def storage_for(url: str | None) -> optuna.storages.BaseStorage:
     """An RDB storage for the URL (default: the SQLite file under results/)."""
     url = url or default_storage()
+    if url == MEMORY_STORAGE:
+        return optuna.storages.InMemoryStorage()
     try:
         return optuna.storages.RDBStorage(url)
     except (ValueError, ImportError) as exc:
@@ -63,8 +67,10 @@ def outcome_of(trial: FrozenTrial) -> str:
 
 
 def is_finished(trial: FrozenTrial) -> bool:
-    """Counts against the trial budget: ended, and not a stale trial whose configuration was re-queued."""
-    return trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
+    """Counts against the trial budget: ended, not a stale trial whose configuration was re-queued, and not one
+    the memory model kept from running (predicted_infeasible costs no measurement)."""
+    return (trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
+            and trial.user_attrs.get("outcome") != Outcome.PREDICTED_INFEASIBLE.value)
 
 
 def is_feasible_ok(trial: FrozenTrial) -> bool:
@@ -89,6 +95,9 @@ def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float |
 
     total = 0.0
     for kind, w in weights.items():
+        if kind == "kld":  # quality penalty exp(-w·KLD), where the caller knows the trial's KLD
+            total -= w * (samples.get("kld") or [0.0])[0]
+            continue
         values = samples.get(kind) or []
         if not values:
             return None
@@ -97,6 +106,12 @@ def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float |
             return None
         total += w * math.log(med)
     return math.exp(total)
+
+
+def kld_of(trial: FrozenTrial | optuna.Trial) -> list[float]:
+    """The trial's model-file KLD as a one-value sample list (empty when its file has no quality measured)."""
+    kld = trial.user_attrs.get("kld")
+    return [float(kld)] if kld is not None else []
 
 
 def save_artifacts(study: str, number: int, m: Measurement) -> Path:
@@ -131,15 +146,17 @@ class Best:
     trial: FrozenTrial
     config: TrialConfig
     value: float
+    confirmation: dict[str, Any] | None = None  # the study's `confirmed` record when this is its recommendation
 
 
 def best_trial(study: optuna.Study, weights: dict[str, float]) -> Best | None:
-    """The feasible OK trial with the highest objective."""
+    """The feasible OK trial with the highest objective (drift-flagged trials left out)."""
     best: Best | None = None
+    flagged = set(study.user_attrs.get(DRIFT_FLAGGED_ATTR, []))
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not is_feasible_ok(t):
+        if not is_feasible_ok(t) or t.number in flagged:
             continue
-        value = score({"tg": samples_of(t, "tg"), "pp": samples_of(t, "pp")}, weights)
+        value = score({"tg": samples_of(t, "tg"), "pp": samples_of(t, "pp"), "kld": kld_of(t)}, weights)
         if value is not None and (best is None or value > best.value):
             best = Best(t, config_of(t), value)
     return best

@@ -36,6 +36,7 @@ def as_dict(best: Best, study: str) -> dict:
         "rss_peak_mib": t.user_attrs.get("rss_peak_mib"),
         "llama_server": [_binary(best, "llama-server"), *server_args(best.config)],
         "llama_bench": [_binary(best, "llama-bench"), *bench_args(best.config)],
+        "confirmed": best.confirmation,  # interleaved re-measurement and its test; None when not confirmed
     }
 
 

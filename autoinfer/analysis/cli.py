@@ -1,0 +1,69 @@
+"""`autoinfer analyze` and `autoinfer import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from autoinfer.campaign.cli import StorageOpt, StudyOpt
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(analyze)
+    app.command(name="import")(import_files)
+
+
+def analyze(
+    study: Optional[str] = StudyOpt,
+    storage: Optional[str] = StorageOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: results/<study>/report/)."),
+    cpu_bw: Optional[float] = typer.Option(None, "--cpu-bw", min=0, help="Measured host memory bandwidth, GB/s."),
+    gpu_bw: Optional[float] = typer.Option(None, "--gpu-bw", min=0, help="Measured device memory bandwidth, GB/s."),
+) -> None:
+    """Tables, fits, figures and a readable report (report.md / report.html) for a study."""
+    import optuna
+
+    from autoinfer.analysis.report import analyze as run_analysis
+    from autoinfer.analysis.report import winner_sentence
+    from autoinfer.campaign.store import load_study
+    from autoinfer.paths import results_dir
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    loaded = load_study(study, storage)
+    folder = out or results_dir() / loaded.study_name / "report"
+    result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw)
+    console = Console()
+    if not result.configs.empty:
+        best = result.configs.iloc[0]
+        console.print(f"best: {best['median']:.2f} tok/s median over {best['n']} sample(s)")
+    console.print(winner_sentence(result.fitset))
+    console.print(f"report: {folder / 'report.html'}")
+
+
+def import_files(
+    files: List[Path] = typer.Argument(..., help="llama-bench JSON/JSONL, a CSV, or seed-study TSV/JSONL files."),
+    study: str = typer.Option(..., "--study", help="Study to add the rows to (created if missing)."),
+    storage: Optional[str] = StorageOpt,
+) -> None:
+    """Bring outside measurements into a study, one trial per row, so `analyze` runs on them."""
+    import optuna
+
+    from autoinfer.analysis.dataset import add_to_study
+    from autoinfer.analysis.importers import read_files
+    from autoinfer.campaign.store import storage_for
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results = read_files(files)
+    console = Console()
+    for res in results:
+        console.print(f"{res.path}: {len(res.rows)} rows ({res.kind}), {len(res.junk)} junk lines skipped")
+        for j in res.junk:
+            console.print(f"  line {j.source_line}: {j.reason}", markup=False)
+    target = optuna.create_study(study_name=study, storage=storage_for(storage), direction="maximize",
+                                 load_if_exists=True)
+    summary = add_to_study(results, target)
+    console.print(f"study {summary.study}: {summary.added} trials added, "
+                  f"{summary.skipped_duplicates} already there")

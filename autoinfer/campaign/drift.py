@@ -1,0 +1,227 @@
+"""The drift anchor: one fixed configuration re-measured during a campaign, so a slow machine is noticed.
+
+Thermal throttling or another program on the machine makes every trial measured meanwhile look worse than it
+is, and a search then crowns whatever ran before. The anchor is the first successful trial's configuration
+(with `drift.baseline` overriding parameters), measured after that trial, every `drift.every` trials and at the
+end. When its score moves more than `drift.threshold` from its first value, the trials since the last good
+anchor are flagged (left out of the best and the confirmation) and queued again, and the campaign backs off and
+re-measures the anchor until it recovers or `drift.max_backoffs` is spent. Everything is kept in the study user
+attribute `drift`; the flagged trial numbers in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
+
+`inject_load` plants that kind of slowdown on purpose (busy-loop processes for a few trials), so the guard can be
+checked on one's own machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.spec import Campaign, InjectLoad
+from autoinfer.engines.base import Measurement, TrialConfig
+from autoinfer.paths import results_dir
+
+DRIFT_ATTR = "drift"
+
+# A busy loop that ends by itself when the process that started it is gone (even if it died by SIGKILL).
+_BUSY_LOOP = (
+    "import os, sys\n"
+    "parent = int(sys.argv[1])\n"
+    "while os.getppid() == parent:\n"
+    "    for _ in range(1_000_000):\n"
+    "        pass\n"
+)
+
+
+class LoadInjector:
+    """Busy-loop processes from trial `after_trial` for `trials` trials (campaign key inject_load)."""
+
+    def __init__(self, spec: InjectLoad | None, note: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.note = note
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.started_at: int | None = None
+        self.trials_under_load = 0
+
+    def pids(self) -> set[int]:
+        return {p.pid for p in self.procs}
+
+    def before_trial(self, number: int) -> None:
+        if self.spec is None or self.procs or self.started_at is not None or number < self.spec.after_trial:
+            return
+        self.started_at = number
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(os.getpid())],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(self.spec.processes)
+        ]
+        self.note(f"inject_load: {self.spec.processes} busy-loop process(es) started before trial {number}")
+
+    def after_trial(self, number: int) -> None:
+        if not self.procs or self.spec is None:
+            return
+        self.trials_under_load += 1
+        if self.trials_under_load >= self.spec.trials:
+            self.stop()
+            self.note(f"inject_load: stopped after trial {number}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+
+
+def flagged_trials(study: optuna.Study) -> set[int]:
+    """Trial numbers measured while the anchor showed drift: excluded from the best and the confirmation."""
+    return {int(n) for n in study.user_attrs.get(store.DRIFT_FLAGGED_ATTR, [])}
+
+
+def _score(m: Measurement, weights: dict[str, float]) -> float | None:
+    return store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None
+
+
+class DriftAnchor:
+    """Schedules, measures and judges the anchor; state lives in the study so a resumed campaign continues it."""
+
+    def __init__(self, study: optuna.Study, campaign: Campaign,
+                 run: Callable[[TrialConfig, Any], Measurement], note: Callable[[str], None]) -> None:
+        self.study = study
+        self.spec = campaign.drift
+        self.weights = campaign.objective_weights()
+        self.run = run
+        self.note = note
+        self.state: dict[str, Any] = dict(study.user_attrs.get(DRIFT_ATTR) or {"config": None, "anchors": []})
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec.every is not None
+
+    def _save(self) -> None:
+        self.study.set_user_attr(DRIFT_ATTR, self.state)
+
+    def _finished(self) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self.study.get_trials(deepcopy=False) if store.is_finished(t)]
+
+    def _reference(self) -> dict[str, Any] | None:
+        return next((a for a in self.state["anchors"] if a["score"] is not None), None)
+
+    def _last_good(self) -> dict[str, Any] | None:
+        good = [a for a in self.state["anchors"] if not a["drifted"]]
+        return good[-1] if good else None
+
+    def _config(self) -> TrialConfig | None:
+        if self.state["config"] is None:
+            first = next((t for t in self._finished() if store.is_feasible_ok(t)), None)
+            if first is None:
+                return None
+            self.state["config"] = {**first.user_attrs["config"], **self.spec.baseline}
+            self.state["from_trial"] = first.number
+        return TrialConfig.from_params(self.state["config"])
+
+    def measure(self, after_trial: int, label: str) -> dict[str, Any]:
+        """One anchor run, judged against the first anchor and recorded."""
+        config = self._config()
+        assert config is not None  # callers measure only once a configuration is known
+        index = len(self.state["anchors"])
+        m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(index))
+        value = _score(m, self.weights)
+        ref = self._reference()
+        ratio = value / ref["score"] if value is not None and ref is not None else None
+        drifted = value is None or (ratio is not None and abs(ratio - 1.0) > self.spec.threshold)
+        entry = {
+            "index": index, "label": label, "after_trial": after_trial, "time": time.time(),
+            "outcome": m.outcome.value, "reason": m.reason[:500], "score": value, "ratio": ratio,
+            "drifted": drifted, "tg_samples": list(m.tg_samples), "pp_samples": list(m.pp_samples),
+            "idle_busy": bool((m.env.get("idle") or {}).get("busy")),
+        }
+        self.state["anchors"].append(entry)
+        self._save()
+        shown = f"{value:.2f}" if value is not None else m.outcome.value
+        self.note(f"drift anchor ({label}, after trial {after_trial}): {shown}"
+                  + (f", {ratio:.2f}× its first value" if ratio is not None else ""))
+        return entry
+
+    def _flag_since_last_good(self, upto: int) -> list[int]:
+        """Flag and re-queue the trials measured since the last good anchor."""
+        good = self._last_good()
+        since = good["after_trial"] if good is not None else -1
+        already = flagged_trials(self.study)
+        victims = [t for t in self._finished() if since < t.number <= upto and t.number not in already]
+        if not victims:
+            return []
+        numbers = [t.number for t in victims]
+        self.study.set_user_attr(store.DRIFT_FLAGGED_ATTR, sorted(already | set(numbers)))
+        for t in victims:
+            self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number}, skip_if_exists=False)
+        self.state.setdefault("events", []).append(
+            {"time": time.time(), "after_trial": upto, "flagged": numbers, "requeued": numbers})
+        self._save()
+        self.note(f"drift: trials {', '.join(map(str, numbers))} flagged and queued again")
+        return numbers
+
+    def after_trial(self, number: int) -> None:
+        """Measure the anchor when it is due (first successful trial, then every `every` finished trials)."""
+        if not self.enabled:
+            return
+        anchors = self.state["anchors"]
+        due = not anchors or sum(1 for t in self._finished() if t.number > anchors[-1]["after_trial"]) >= self.spec.every
+        if not due:
+            return
+        if self._reference() is None:  # no successful anchor yet: this one becomes the reference
+            if self._config() is not None:
+                self.measure(number, "start")
+            return
+        self.check(number, "periodic", backoff=True)
+
+    def check(self, number: int, label: str, *, backoff: bool) -> None:
+        entry = self.measure(number, label)
+        if not entry["drifted"]:
+            return
+        self._flag_since_last_good(number)
+        for attempt in range(self.spec.max_backoffs if backoff else 0):
+            self.note(f"drift: waiting {self.spec.backoff_s:.0f} s before measuring the anchor again "
+                      f"({attempt + 1}/{self.spec.max_backoffs})")
+            time.sleep(self.spec.backoff_s)
+            if not self.measure(number, "backoff")["drifted"]:
+                return
+        if backoff:
+            self.note("drift: the anchor did not recover; the campaign goes on and the next anchor decides again")
+
+    def finish(self) -> None:
+        """The end anchor, when trials ran since the last one; re-queued trials wait for the next sweep."""
+        if not self.enabled or self._reference() is None:
+            return
+        last = self.state["anchors"][-1]["after_trial"]
+        after = [t.number for t in self._finished() if t.number > last]
+        if after:
+            self.check(max(after), "end", backoff=False)
+            waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if waiting:
+                self.note(f"drift: {len(waiting)} trial(s) queued again; run `autoinfer sweep` with a larger "
+                          "--trials to measure them")
+
+
+def status_line(study: optuna.Study) -> str | None:
+    """Anchor runs, drifts and flagged trials, for `autoinfer status`; None when no anchor ran."""
+    state = study.user_attrs.get(DRIFT_ATTR) or {}
+    anchors = state.get("anchors") or []
+    if not anchors:
+        return None
+    ratios = [a["ratio"] for a in anchors if a["ratio"] is not None]
+    drifts = sum(1 for a in anchors if a["drifted"])
+    flagged = sorted(flagged_trials(study))
+    text = f"{len(anchors)} anchor runs, {drifts} drifted"
+    if ratios:
+        text += f", ratio to the first {min(ratios):.2f}–{max(ratios):.2f}"
+    if flagged:
+        text += f"; trials {', '.join(map(str, flagged))} flagged and re-queued"
+    return text

@@ -1,0 +1,383 @@
+"""A search that knows the model and the memory budget.
+
+- Placement parameters (`placement`, `cpu_expert_layers`) become tensor overrides for engines that run llama.cpp.
+- A memory model (autoinfer.model.placement) predicts each configuration's peak; it is recalibrated from the peaks
+  of finished trials, and a configuration confidently over the budget is recorded as predicted_infeasible instead
+  of being run (never silently dropped; those records cost no measurement and do not count against the budget).
+- A new study starts with informed trials: the largest placement predicted to fit, its neighbours, and
+  llama-fit-params' own answer for the same budget as a labelled baseline.
+- A trial whose first repetition is far below the best so far is cut short (recorded as pruned).
+
+The fast configurations sit on the edge of the budget, where a blind sampler wastes its trials on OOMs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
+from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
+from autoinfer.errors import UserError
+from autoinfer.model.placement import (
+    PLACEMENT_KEYS,
+    MemoryModel,
+    ModelShape,
+    Prediction,
+    cpu_expert_layers,
+    layers_on_cpu,
+    realize,
+)
+
+LABEL_ATTR = "label"
+FIT_OVERRIDE_ATTR = "fit_override_tensors"
+MEMORY_ATTR = "memory_model"  # study attribute: the calibration's size and error
+NOTES_ATTR = "search_notes"  # study attribute: what the informed start did or why it could not
+PLACEMENT_PARAMS = ("n_gpu_layers", "n_cpu_moe", *PLACEMENT_KEYS)
+
+
+def _allowed(campaign: Campaign, name: str) -> list[Any] | None:
+    """Every value a parameter may take in the campaign (None: not in the space)."""
+    spec = campaign.space.get(name)
+    if spec is None:
+        return None
+    if isinstance(spec, IntRange):
+        return list(range(spec.low, spec.high + 1, spec.step))
+    if isinstance(spec, FloatRange):
+        return [spec.low, (spec.low + spec.high) / 2, spec.high]
+    return list(spec) if isinstance(spec, list) else [spec]
+
+
+def _typical(campaign: Campaign, name: str) -> Any:
+    """The value an informed trial uses for a non-placement parameter: llama.cpp's default if allowed, else the
+    middle value."""
+    values = _allowed(campaign, name) or []
+    default = TrialConfig.__dataclass_fields__.get(name)
+    if default is not None and default.default in values:
+        return default.default
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(values)[len(values) // 2]
+    return values[0]
+
+
+@dataclass
+class SearchAid:
+    """The campaign-side helpers the loop calls; one per sweep."""
+
+    campaign: Campaign
+    engine: Engine
+    models: dict[str, str]
+    shapes: dict[str, ModelShape] = field(default_factory=dict)
+    memory: dict[str, MemoryModel] = field(default_factory=dict)
+    side: str | None = None  # "device" (vram_mib budget) or "host" (ram_mib budget); None: no budget
+    budget_mib: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchAid":
+        aid = cls(campaign, engine, models)
+        c = campaign.constraints
+        aid.side, aid.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
+            else (None, None)
+        needs_shape = aid.side is not None or any(k in campaign.space for k in PLACEMENT_KEYS)
+        for path in dict.fromkeys(models.values()):
+            shape = aid._shape(path) if needs_shape else None
+            if shape is not None:
+                aid.shapes[path] = shape
+                if aid.side is not None:
+                    aid.memory[path] = MemoryModel(shape, aid.side)
+        return aid
+
+    def _shape(self, path: str) -> ModelShape | None:
+        from_engine = getattr(self.engine, "model_shape", None)
+        if from_engine is not None:
+            shape = from_engine(path)
+            if shape is None:
+                self.notes.append("the replay table has no .shape.json: no memory model, placements not translated")
+            return shape
+        from autoinfer.model.placement import shape_from_gguf
+
+        return shape_from_gguf(Path(path))
+
+    # -- per trial ------------------------------------------------------------------------------------------
+    def realize(self, config: TrialConfig, trial: optuna.Trial) -> TrialConfig:
+        """Placement parameters → tensor overrides (for engines that do not take them as such); a
+        llama-fit-params baseline gets its own overrides."""
+        fit = trial.user_attrs.get(FIT_OVERRIDE_ATTR)
+        if fit is not None:
+            extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
+            return config.with_(override_tensors=tuple(fit), extra=extra)
+        if "placement" in self.engine.supported or "cpu_expert_layers" in self.engine.supported:
+            return config
+        shape = self.shapes.get(str(config.model))
+        if shape is None:
+            if config.get("placement") is not None or config.get("cpu_expert_layers") is not None:
+                raise UserError(f"placement parameters need the model's layer count; cannot read {config.model}")
+            return config
+        return realize(config, shape.n_layers)
+
+    def predict(self, config: TrialConfig) -> Prediction | None:
+        model = self.memory.get(str(config.model))
+        return model.predict(config) if model is not None else None
+
+    def skip(self, config: TrialConfig) -> Measurement | None:
+        """A predicted_infeasible record when the configuration is confidently over the budget, else None."""
+        pred = self.predict(config)
+        if pred is None or not self.campaign.search.skip_predicted or self.budget_mib is None:
+            return None
+        if not pred.over(self.budget_mib, self.campaign.search.z):
+            return None
+        reason = (f"predicted {pred.mib:.0f} ± {pred.std_mib:.0f} MiB of {self.side} memory, over the budget of "
+                  f"{self.budget_mib:.0f} MiB")
+        return Measurement(Outcome.PREDICTED_INFEASIBLE, reason=reason,
+                           metrics={"predicted_mib": pred.mib, "predicted_std_mib": pred.std_mib})
+
+    def before_run(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
+        """Record the prediction on the trial; a predicted_infeasible measurement when it should not run."""
+        pred = self.predict(config)
+        if pred is not None:
+            trial.set_user_attr("predicted_mib", round(pred.mib, 1))
+            trial.set_user_attr("predicted_std_mib", round(pred.std_mib, 1))
+        return self.skip(config)
+
+    def after_run(self, study: optuna.Study) -> None:
+        """Recalibrate the memory model; keep the Pareto front on the study in multi-objective mode."""
+        self.calibrate(study)
+        if self.campaign.objective == "pareto":
+            from autoinfer.campaign.pareto import remember
+
+            remember(study)
+
+    @staticmethod
+    def max_skips(trial_budget: int) -> int:
+        """Consecutive predicted_infeasible records after which the sweep stops: the space barely fits."""
+        return max(50, 10 * trial_budget)
+
+    def calibrate(self, study: optuna.Study) -> None:
+        """Refit each model's memory model to the peaks measured so far; store its error on the study."""
+        if not self.memory:
+            return
+        key = "vram_peak_mib" if self.side == "device" else "rss_peak_mib"
+        by_model: dict[str, list[tuple[TrialConfig, float]]] = {}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            peak = t.user_attrs.get(key)
+            if peak and t.user_attrs.get("outcome") in ("ok", "infeasible", "pruned") and "config" in t.user_attrs:
+                config = store.config_of(t)
+                by_model.setdefault(str(config.model), []).append((config, float(peak)))
+        summary = {}
+        for path, model in self.memory.items():
+            cal = model.calibrate(by_model.get(path, []))
+            summary[Path(path).name] = {"trials": cal.n, "loo_median_rel_error": cal.loo_rel_error,
+                                        "noise_mib": cal.noise_mib, "side": self.side}
+        study.set_user_attr(MEMORY_ATTR, summary)
+
+    def pruner(self, study: optuna.Study, config: TrialConfig) -> Callable[[float], bool] | None:
+        """A rule for the engine's first repetition: cut it when below prune_below × the best median so far."""
+        below = self.campaign.search.prune_below
+        kind = "tg" if config.n_gen else "pp"
+        if below is None or kind not in self.campaign.objective_weights():
+            return None
+        medians = [statistics.median(store.samples_of(t, kind))
+                   for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if store.is_feasible_ok(t) and store.samples_of(t, kind)]
+        if not medians:
+            return None
+        threshold = below * max(medians)
+        return lambda first: first < threshold
+
+    # -- informed start -------------------------------------------------------------------------------------
+    def enqueue_start(self, study: optuna.Study, searched: dict[str, Any]) -> int:
+        """Queue the informed trials on a new study; returns how many. Notes say why fewer were possible."""
+        if not self.campaign.search.informed or study.get_trials(deepcopy=False):
+            return 0
+        if self.budget_mib is None or not self.memory:
+            self.notes.append("no memory budget or no memory model: the search starts without informed trials")
+            study.set_user_attr(NOTES_ATTR, self.notes)
+            return 0
+        model_name = next(iter(self.models))
+        path = self.models[model_name]
+        queued = []
+        plans = self.placements(path, model_name, searched)
+        if plans:
+            first, *rest = plans
+            queued.append((first, "informed: largest placement predicted to fit"))
+            queued += [(p, "informed: neighbour") for p in rest[: self.campaign.search.neighbours]]
+        else:
+            self.notes.append(f"no placement in the space is predicted to fit in {self.budget_mib:.0f} MiB")
+        baseline = self.fit_params_trial(path, model_name, searched) if self.campaign.search.fit_params else None
+        if baseline is not None:
+            queued.insert(1, baseline)
+        for params, label in queued:
+            attrs = {LABEL_ATTR: label}
+            if FIT_OVERRIDE_ATTR in params:
+                attrs[FIT_OVERRIDE_ATTR] = params.pop(FIT_OVERRIDE_ATTR)
+            study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+        study.set_user_attr(NOTES_ATTR, self.notes)
+        return len(queued)
+
+    def placements(self, path: str, model_name: str, searched: dict[str, Any]) -> list[dict[str, Any]]:
+        """Searched-parameter sets: the placement with the most weight bytes on the device that is predicted to
+        fit (prediction + 1 std), then its neighbours (one or two expert layers either way, other patterns),
+        ordered by how close they are."""
+        model = self.memory[path]
+        shape = self.shapes[path]
+        base = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
+        if "model" in searched:
+            base["model"] = model_name
+        ngl_values = sorted({min(v, shape.n_layers + 1) for v in _allowed(self.campaign, "n_gpu_layers") or [99]},
+                            reverse=True)
+        combos = self._expert_combos(shape.n_layers)
+
+        def params_of(ngl: int, combo: dict[str, Any]) -> dict[str, Any]:
+            out = dict(base)
+            if "n_gpu_layers" in searched:
+                out["n_gpu_layers"] = next(v for v in _allowed(self.campaign, "n_gpu_layers")
+                                           if min(v, shape.n_layers + 1) == ngl)
+            out.update({k: v for k, v in combo.items() if k in searched})
+            return out
+
+        def config_of(params: dict[str, Any]) -> TrialConfig:
+            merged = {**self.campaign.fixed(), **params, "model": path}
+            return realize(TrialConfig.from_params(merged), shape.n_layers)
+
+        for ngl in ngl_values:
+            scored = []
+            for size, combo in combos:
+                params = params_of(ngl, combo)
+                pred = model.predict(config_of(params))
+                scored.append((size, pred, params))
+            fitting = [s for s in scored if s[1].mib + s[1].std_mib <= self.budget_mib]
+            if not fitting:
+                continue
+            best_size = min(s[0] for s in fitting)
+            primary = next(s for s in fitting if s[0] == best_size)
+            near = sorted((s for s in scored if s is not primary and abs(s[0] - best_size) <= 2
+                           and not s[1].over(self.budget_mib, self.campaign.search.z)),
+                          key=lambda s: (abs(s[0] - best_size), s[0]))
+            return [primary[2], *(s[2] for s in near)]
+        return []
+
+    def _expert_combos(self, n_layers: int) -> list[tuple[int, dict[str, Any]]]:
+        """(number of layers with experts in RAM, knob values) for every distinct expert placement in the space."""
+        knobs = {name: _allowed(self.campaign, name) or [None] for name in ("n_cpu_moe", "placement", "cpu_expert_layers")}
+        seen: dict[frozenset[int], tuple[int, dict[str, Any]]] = {}
+        for ncmoe, pattern, count in itertools.product(*knobs.values()):
+            layers = set(range(min(ncmoe or 0, n_layers)))
+            if count is not None:
+                layers |= set(cpu_expert_layers(pattern or "first", count, n_layers))
+            combo = {k: v for k, v in zip(knobs, (ncmoe, pattern, count)) if v is not None}
+            seen.setdefault(frozenset(layers), (len(layers), combo))
+        return sorted(seen.values(), key=lambda s: s[0])
+
+    def fit_params_trial(self, path: str, model_name: str,
+                         searched: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+        """llama-fit-params' placement for the same budget, as searched parameters (or raw overrides)."""
+        answer = run_fit_params(self.engine, Path(path), self.campaign, self.budget_mib, self.notes) \
+            if self.side == "device" else None
+        if answer is None:
+            return None
+        ngl, patterns = answer
+        shape = self.shapes[path]
+        layers = layers_on_cpu(patterns, shape.tensor_names)
+        params = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
+        if "model" in searched:
+            params["model"] = model_name
+        if "n_gpu_layers" in searched:
+            params["n_gpu_layers"] = ngl if ngl in (_allowed(self.campaign, "n_gpu_layers") or []) else max(
+                _allowed(self.campaign, "n_gpu_layers"))
+        last = cpu_expert_layers("last", len(layers), shape.n_layers)
+        if set(last) == set(layers) and "last" in (_allowed(self.campaign, "placement") or []) \
+                and len(layers) in (_allowed(self.campaign, "cpu_expert_layers") or []):
+            params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})
+        else:
+            for name in ("n_cpu_moe", "cpu_expert_layers"):
+                if name in searched:
+                    params[name] = min(_allowed(self.campaign, name))
+            if "placement" in searched:
+                params["placement"] = _allowed(self.campaign, "placement")[0]
+            params[FIT_OVERRIDE_ATTR] = list(patterns)
+        return params, f"baseline: llama-fit-params for {self.budget_mib:.0f} MiB"
+
+
+FIT_LINE = re.compile(r"^-c\s+\d+\s+-ngl\s+(-?\d+)(.*)$")
+
+
+def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...]]:
+    """`-c N -ngl N [-ts …] [-ot "p1,p2"]` (llama-fit-params' last line) → (n_gpu_layers, override patterns)."""
+    for line in reversed(stdout.strip().splitlines()):
+        m = FIT_LINE.match(line.strip())
+        if not m:
+            continue
+        rest = shlex.split(m.group(2))
+        patterns: tuple[str, ...] = ()
+        if "-ot" in rest:
+            patterns = tuple(p for p in rest[rest.index("-ot") + 1].split(",") if p)
+        return int(m.group(1)), patterns
+    raise ValueError("no '-c N -ngl N' line in llama-fit-params output")
+
+
+def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: float,
+                   notes: list[str]) -> tuple[int, tuple[str, ...]] | None:
+    """Ask llama-fit-params for the placement that leaves (free − budget) MiB free on GPU 0; None with a note
+    when it cannot answer (no GPU, the tool missing, or it failed)."""
+    if engine.name not in ("llama-bench", "llama-server"):
+        notes.append(f"no llama-fit-params baseline for engine {engine.name!r}")
+        return None
+    from autoinfer.llama.binaries import find_tools
+    from autoinfer.measure.gpu import list_gpus, memory_used_mib
+    from autoinfer.measure.process import run_isolated
+
+    gpus = list_gpus()
+    if not gpus:
+        notes.append("no GPU: no llama-fit-params baseline")
+        return None
+    used = memory_used_mib(gpus[0].index) or 0.0
+    margin = int(gpus[0].memory_total_mib - used - budget_mib)
+    if margin < 0:
+        notes.append(f"GPU 0 has less free memory than the {budget_mib:.0f} MiB budget: no llama-fit-params baseline")
+        return None
+    tools = find_tools()
+    m = campaign.measure
+    fixed = campaign.fixed()
+    n_ctx = m.n_prompt + m.n_gen
+    argv = [str(tools.tool("llama-fit-params")), "-m", str(model), "-fitt", str(margin), "-c", str(n_ctx),
+            "-fitc", str(n_ctx), "-b", str(fixed.get("batch", 2048)), "-ub", str(fixed.get("ubatch", 512))]
+    result = run_isolated(argv, timeout_s=300)
+    try:
+        answer = parse_fit_params(result.stdout)
+    except ValueError:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        notes.append(f"llama-fit-params gave no answer (exit {result.returncode}): {tail[:200]}")
+        return None
+    notes.append(f"llama-fit-params: {shlex.join(argv)} → -ngl {answer[0]}, {len(answer[1])} override(s)")
+    return answer
+
+
+def status_rows(study: optuna.Study) -> list[tuple[str, str]]:
+    """What `status` shows about the search: the memory model's error, the informed start, the Pareto front."""
+    from autoinfer.campaign.pareto import FRONT_ATTR, front
+
+    rows = []
+    for name, cal in (study.user_attrs.get(MEMORY_ATTR) or {}).items():
+        err = cal.get("loo_median_rel_error")
+        rows.append(("memory model", f"{name} ({cal['side']}): calibrated on {cal['trials']} trials, "
+                     + (f"leave-one-out median error {100 * err:.1f}%" if err is not None else "error not known yet")))
+    labelled = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(LABEL_ATTR)]
+    for t in labelled:
+        rows.append((f"  trial {t.number}", f"{t.user_attrs[LABEL_ATTR]} → {store.outcome_of(t)}"))
+    for note in study.user_attrs.get(NOTES_ATTR) or []:
+        rows.append(("search note", note))
+    if FRONT_ATTR in study.user_attrs:
+        for p in front(study):
+            rows.append((f"pareto trial {p.trial.number}",
+                         f"tg {p.tg:.2f}  pp {p.pp:.2f} tok/s  peak {p.mem_mib:.0f} MiB"))
+    return rows

@@ -1,0 +1,98 @@
+"""Multi-objective mode (`objective: pareto`): generation tok/s, prompt tok/s and peak memory, and the front of
+configurations that no other beats on all three. Export picks from the front for a memory budget.
+
+The front is computed from the stored samples (medians), so it can be shown for any study, and is also kept in the
+study's user attribute `pareto_front` (trial numbers) after every trial.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.spec import Campaign
+from autoinfer.engines.base import Measurement
+from autoinfer.errors import UserError
+
+DIRECTIONS = ("maximize", "maximize", "minimize")  # tg tok/s, pp tok/s, peak MiB
+FRONT_ATTR = "pareto_front"
+PICK_OBJECTIVES = ("tg", "pp", "balanced")
+
+
+def enabled(campaign: Campaign) -> bool:
+    return campaign.objective == "pareto"
+
+
+def directions(campaign: Campaign) -> list[str]:
+    return list(DIRECTIONS) if enabled(campaign) else ["maximize"]
+
+
+def peak_mib(vram: float | None, rss: float | None) -> float | None:
+    """The memory objective: device memory where it was measured, else RAM (CPU-only builds)."""
+    return vram if vram else rss
+
+
+def values(m: Measurement) -> list[float]:
+    """Objective values of one successful measurement, in DIRECTIONS order (missing ones are 0)."""
+    return [m.tg or 0.0, m.pp or 0.0, peak_mib(m.vram_peak_mib, m.rss_peak_mib) or 0.0]
+
+
+@dataclass(frozen=True)
+class Point:
+    trial: FrozenTrial
+    tg: float
+    pp: float
+    mem_mib: float
+
+    def dominates(self, other: "Point") -> bool:
+        ge = self.tg >= other.tg and self.pp >= other.pp and self.mem_mib <= other.mem_mib
+        return ge and (self.tg > other.tg or self.pp > other.pp or self.mem_mib < other.mem_mib)
+
+
+def points(study: optuna.Study) -> list[Point]:
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if not store.is_feasible_ok(t):
+            continue
+        tg, pp = store.samples_of(t, "tg"), store.samples_of(t, "pp")
+        mem = peak_mib(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
+        if mem is None:
+            continue
+        out.append(Point(t, statistics.median(tg) if tg else 0.0, statistics.median(pp) if pp else 0.0, float(mem)))
+    return out
+
+
+def front(study: optuna.Study) -> list[Point]:
+    """Non-dominated feasible successful trials, by ascending memory."""
+    pts = points(study)
+    return sorted((p for p in pts if not any(q.dominates(p) for q in pts)), key=lambda p: p.mem_mib)
+
+
+def remember(study: optuna.Study) -> None:
+    """Store the current front's trial numbers on the study."""
+    study.set_user_attr(FRONT_ATTR, [p.trial.number for p in front(study)])
+
+
+def pick(study: optuna.Study, budget_mib: float | None, objective: str) -> store.Best:
+    """The front's best configuration for an objective within a memory budget."""
+    if objective not in PICK_OBJECTIVES:
+        raise UserError(f"--objective {objective!r} is not one of {', '.join(PICK_OBJECTIVES)}")
+    candidates = [p for p in front(study) if budget_mib is None or p.mem_mib <= budget_mib]
+    if not candidates:
+        smallest = min((p.mem_mib for p in points(study)), default=None)
+        hint = f"; the smallest measured peak is {smallest:.0f} MiB" if smallest is not None else ""
+        raise UserError(f"no feasible trial of study {study.study_name!r} fits in {budget_mib:.0f} MiB{hint}"
+                        if budget_mib is not None else f"study {study.study_name!r} has no feasible trial yet")
+
+    def score(p: Point) -> float:
+        if objective == "balanced":
+            return math.sqrt(max(p.tg, 1e-9) * max(p.pp, 1e-9))
+        return p.tg if objective == "tg" else p.pp
+
+    best = max(candidates, key=score)
+    return store.Best(best.trial, store.config_of(best.trial), score(best))

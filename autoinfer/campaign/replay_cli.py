@@ -1,0 +1,179 @@
+"""`autoinfer replay TABLE`: compare search strategies offline on a table of measured configurations.
+
+Each strategy runs the real campaign loop (engine "replay", an in-memory study) once per seed; a run has found the
+answer at the first measured trial whose configuration is, by the table, feasible and within 98% of the best
+feasible row. Predicted-infeasible records are not measurements and are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autoinfer.errors import UserError
+
+STRATEGIES = ("random", "tpe", "informed")
+TARGET = 0.98
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    strategy: str
+    trials_needed: tuple[int | None, ...]  # per seed; None: not reached within the trial budget
+    skipped: tuple[int, ...]  # predicted-infeasible records per seed
+    wall_s: float
+    budget: int  # measured-trial budget of each run
+
+    @property
+    def median(self) -> float:
+        """Median trials needed; a seed that never reached the target counts as budget + 1."""
+        return statistics.median(n if n is not None else self.budget + 1 for n in self.trials_needed)
+
+
+def _space(df: pd.DataFrame, params: list[str]) -> dict:
+    """Each parameter column as a campaign parameter: evenly spaced integers → a range, anything else → a list."""
+    space = {}
+    for col in params:
+        values = sorted(df[col].dropna().unique().tolist(), key=lambda v: (str(type(v)), v))
+        ints = all(isinstance(v, (int,)) or (isinstance(v, float) and v.is_integer()) for v in values)
+        if ints and len(values) > 2:
+            ivalues = [int(v) for v in values]
+            steps = {b - a for a, b in zip(ivalues, ivalues[1:])}
+            if len(steps) == 1:
+                space[col] = {"low": ivalues[0], "high": ivalues[-1], "step": steps.pop()}
+                continue
+            values = ivalues
+        space[col] = [int(v) if ints else v for v in values] if len(values) > 1 else values[0]
+    return space
+
+
+def truth(df: pd.DataFrame, objective: str, budget_mib: float | None) -> pd.Series:
+    """The table's objective per row (NaN where infeasible or failed)."""
+    score = df[objective] if objective in ("tg", "pp") else (df["tg"] * df["pp"]) ** 0.5
+    ok = df["outcome"].fillna("ok").eq("ok") if "outcome" in df else pd.Series(True, index=df.index)
+    mem = df["vram_mib"] if "vram_mib" in df else df.get("rss_mib")
+    if budget_mib is not None and mem is not None:
+        ok &= mem <= budget_mib
+    return score.where(ok)
+
+
+@contextmanager
+def _scratch_results() -> Iterator[None]:
+    """Trial artifacts of simulated studies go to a temporary folder, not the user's results."""
+    old = os.environ.get("AUTOINFER_RESULTS")
+    with tempfile.TemporaryDirectory(prefix="autoinfer-replay-") as tmp:
+        os.environ["AUTOINFER_RESULTS"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("AUTOINFER_RESULTS", None)
+            else:
+                os.environ["AUTOINFER_RESULTS"] = old
+
+
+def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
+            objective: str = "tg") -> tuple[list[StrategyResult], float]:
+    """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value."""
+    import time
+
+    from autoinfer.campaign.runner import sweep
+    from autoinfer.campaign.spec import parse_campaign
+    from autoinfer.campaign.store import MEMORY_STORAGE
+    from autoinfer.engines.replay import parameter_columns, read_table
+
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise UserError(f"--sampler {bad[0]!r} is not one of {', '.join(STRATEGIES)}")
+    if objective not in ("tg", "pp", "balanced"):
+        raise UserError(f"--objective {objective!r} is not one of tg, pp, balanced")
+    df = read_table(table)
+    target = truth(df, objective, budget_mib)
+    if target.notna().sum() == 0:
+        raise UserError(f"no row of {table} is feasible within {budget_mib} MiB; raise --budget-mib")
+    best = float(target.max())
+    memory_key = "vram_mib" if "vram_mib" in df else "ram_mib"
+    constraints = {} if budget_mib is None else {memory_key if memory_key == "vram_mib" else "ram_mib": budget_mib}
+    results = []
+    with _scratch_results():
+        for strategy in strategies:
+            needed, skipped = [], []
+            started = time.monotonic()
+            for seed in range(seeds):
+                campaign = parse_campaign({
+                    "name": f"replay-{strategy}-{seed}", "engine": "replay",
+                    "engine_options": {"table": str(Path(table).resolve()), "seed": seed},
+                    "model": str(table), "space": _space(df, parameter_columns(df)),
+                    "objective": "tg" if objective == "tg" else "pp" if objective == "pp" else {"tg": 1, "pp": 1},
+                    "budget": {"trials": trials}, "constraints": constraints,
+                    "sampler": {"name": "random" if strategy == "random" else "tpe", "seed": seed},
+                    "search": {"informed": strategy == "informed", "skip_predicted": strategy == "informed",
+                               "fit_params": False, "prune_below": 0.5 if strategy == "informed" else None},
+                }, str(table))
+                result = sweep(campaign, storage=MEMORY_STORAGE, progress=False)
+                n, skip = _trials_to_target(result.study, target, TARGET * best)
+                needed.append(n)
+                skipped.append(skip)
+            results.append(StrategyResult(strategy, tuple(needed), tuple(skipped), time.monotonic() - started,
+                                          trials))
+    return results, best
+
+
+def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
+    """(measured trials until one reached the goal, predicted-infeasible records) for one simulated study."""
+    measured = 0
+    skipped = 0
+    reached = None
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        outcome = t.user_attrs.get("outcome")
+        if outcome == "predicted_infeasible":
+            skipped += 1
+            continue
+        measured += 1
+        row = (t.user_attrs.get("metrics") or {}).get("replay_row")
+        if reached is None and outcome == "ok" and row is not None and not pd.isna(target.iloc[row]) \
+                and target.iloc[row] >= goal:
+            reached = measured
+    return reached, skipped
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(replay)
+
+
+def replay(
+    table: Path = typer.Argument(..., help="CSV of measured configurations (benchmarks/make_table.py)."),
+    sampler: str = typer.Option(",".join(STRATEGIES), "--sampler", help="Strategies, comma-separated: "
+                                "random, tpe, informed."),
+    seeds: int = typer.Option(20, "--seeds", min=1, help="Runs per strategy (seeds 0..N-1)."),
+    budget_mib: Optional[float] = typer.Option(None, "--budget-mib", min=1, help="Memory budget in MiB."),
+    trials: int = typer.Option(60, "--trials", min=1, help="Measured-trial budget of each run."),
+    objective: str = typer.Option("tg", "--objective", help="tg | pp | balanced"),
+) -> None:
+    """Median number of trials each search strategy needs to reach 98% of the table's best feasible row."""
+    results, best = compare(table, [s.strip() for s in sampler.split(",") if s.strip()], seeds, budget_mib, trials,
+                            objective)
+    print_results(Console(), results, best, trials, objective)
+
+
+def print_results(console: Console, results: list[StrategyResult], best: float, trials: int, objective: str) -> None:
+    out = Table(title=f"trials to reach {TARGET:.0%} of the best feasible row ({objective} {best:.2f})")
+    for col in ("strategy", "median trials", "reached", "range", "predicted-infeasible (median)", "wall s"):
+        out.add_column(col)
+    for r in results:
+        reached = [n for n in r.trials_needed if n is not None]
+        out.add_row(r.strategy, f"{r.median:g}" if len(reached) * 2 > len(r.trials_needed) else f">{trials}",
+                    f"{len(reached)}/{len(r.trials_needed)}",
+                    f"{min(reached)}–{max(reached)}" if reached else "—",
+                    f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
+    console.print(out)

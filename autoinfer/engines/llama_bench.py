@@ -1,0 +1,153 @@
+"""The llama-bench engine: one llama-bench process per trial, its JSON read by field name.
+
+One process per configuration on purpose: a failed model load or context makes llama-bench exit and drop the
+rest of its list, and a fresh process gives every trial the same cold start. llama-bench reports only when each
+test has finished, so this engine leaves RunContext.on_first_sample unused; engines that see repetitions as they
+happen (llama-server) use it to cut hopeless trials short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args, classify_failure
+from autoinfer.measure.process import run_isolated
+
+#: Fields of a llama-bench record that describe the build and machine rather than the configuration.
+ENV_FIELDS = ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")
+
+
+def parse_records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects llama-bench printed: a JSON array (-o json), JSON lines (-o jsonl), or the complete
+    records of an array cut short by a crash."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, list):
+        return [r for r in data if isinstance(r, dict)]
+    if isinstance(data, dict):
+        return [data]
+    decoder = json.JSONDecoder()
+    records: list[dict[str, Any]] = []
+    pos = text.find("{")
+    while pos != -1:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict):
+            records.append(obj)
+        pos = text.find("{", end)
+    return records
+
+
+def _kind(record: dict[str, Any]) -> str | None:
+    n_prompt, n_gen = int(record.get("n_prompt", 0)), int(record.get("n_gen", 0))
+    if n_prompt > 0 and n_gen == 0:
+        return "pp"
+    if n_gen > 0 and n_prompt == 0:
+        return "tg"
+    return None  # a combined -pg test: neither a prompt nor a generation rate
+
+
+def load_mode_of(record: dict[str, Any]) -> str | None:
+    """load_mode in current builds; use_mmap (bool) before it existed."""
+    if "load_mode" in record:
+        return str(record["load_mode"])
+    if "use_mmap" in record:
+        return "mmap" if record["use_mmap"] in (True, 1, "1", "true") else "none"
+    return None
+
+
+def samples_of(record: dict[str, Any]) -> tuple[tuple[float, ...], bool]:
+    """Per-repetition tok/s and whether they are real samples (samples_ts) or one average (older builds)."""
+    if isinstance(record.get("samples_ts"), list) and record["samples_ts"]:
+        return tuple(float(v) for v in record["samples_ts"]), True
+    if "avg_ts" in record:
+        return (float(record["avg_ts"]),), False
+    return (), False
+
+
+def measurement_from_json(text: str, config: TrialConfig) -> Measurement:
+    """Samples, engine time and environment from llama-bench JSON output (exit status 0 assumed)."""
+    records = parse_records(text)
+    by_kind = {k: r for r in records if (k := _kind(r))}
+    wanted = [k for k, n in (("pp", config.n_prompt), ("tg", config.n_gen)) if n > 0]
+    missing = [k for k in wanted if k not in by_kind]
+    if not records or missing:
+        what = "no JSON records" if not records else f"no {' and '.join(missing)} record"
+        return Measurement(Outcome.BAD_OUTPUT, reason=f"llama-bench exited 0 but printed {what}", raw_output=text)
+    samples: dict[str, tuple[float, ...]] = {"pp": (), "tg": ()}
+    metrics: dict[str, Any] = {}
+    engine_s = 0.0
+    for kind in wanted:
+        rec = by_kind[kind]
+        samples[kind], real = samples_of(rec)
+        if not real:
+            metrics[f"{kind}_samples_source"] = "avg_ts (this llama-bench build reports no samples_ts)"
+        engine_s += sum(float(ns) for ns in rec.get("samples_ns") or []) / 1e9
+        metrics[f"{kind}_tokens"] = int(rec["n_prompt"] if kind == "pp" else rec["n_gen"])
+    first = by_kind[wanted[0]]
+    for key in ("model_size", "model_n_params", "model_type", "n_threads", "n_gpu_layers", "n_cpu_moe"):
+        if key in first:
+            metrics[key] = first[key]
+    if (mode := load_mode_of(first)) is not None:
+        metrics["load_mode"] = mode
+    env = {k: first[k] for k in ENV_FIELDS if k in first}
+    return Measurement(Outcome.OK, tg_samples=samples["tg"], pp_samples=samples["pp"],
+                       engine_s=engine_s or None, raw_output=text, metrics=metrics, env=env)
+
+
+@register("llama-bench")
+class LlamaBenchEngine:
+    """Measures a configuration with llama-bench (-o json -v), in an isolated child."""
+
+    name = "llama-bench"
+    supported = TrialConfig.field_names() | frozenset(BENCH_EXTRAS)
+
+    def __init__(self, llama_bin: Path | str | None = None) -> None:
+        self._llama_bin = Path(llama_bin) if llama_bin is not None else None
+        self._tools: Any | None = None
+
+    @property
+    def tools(self) -> Any:
+        if self._tools is None:
+            from autoinfer.llama.binaries import find_tools
+
+            self._tools = find_tools(self._llama_bin)
+        return self._tools
+
+    def check(self) -> None:
+        self.tools.tool("llama-bench")
+
+    def command(self, config: TrialConfig) -> list[str]:
+        """The argv of one trial: -v so llama.cpp's own error lines reach stderr (see llama_common)."""
+        binary = self.tools.tool("llama-bench")
+        verbose = ["-v"] if "-v" in self.tools.help_flags("llama-bench") else []
+        return [str(binary), *verbose, *bench_args(config, self.tools)]
+
+    def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
+        argv = self.command(config)
+        env = dict(os.environ)
+        if self.tools.lib_dir is not None:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(self.tools.lib_dir), env.get("LD_LIBRARY_PATH")) if p)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=env, gpu_index=ctx.gpu_index)
+        common: dict[str, Any] = dict(
+            engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
+            vram_peak_mib=res.vram_peak_mib, rss_peak_mib=res.rss_peak_mib,
+        )
+        run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
+                   "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method}
+        if res.returncode != 0 or res.timed_out:
+            outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
+                                               rss_peak_mib=res.rss_peak_mib)
+            return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env, **common)
+        m = measurement_from_json(res.stdout, config)
+        return replace(m, env={**run_env, **m.env}, **common)

@@ -1,0 +1,222 @@
+"""What every llama.cpp engine shares: the verdict on a failed run, and TrialConfig → command-line flags.
+
+Failure messages were checked against llama.cpp 0c1e570 (src/llama-context.cpp, src/llama-model-loader.cpp,
+ggml/src/gguf.cpp, ggml/src/ggml-cuda/ggml-cuda.cu, ggml-alloc.c, tools/llama-bench). llama-bench hides every
+llama.cpp log line unless run with -v, so its engine passes -v: without it a load that failed for lack of memory
+and one that failed on a corrupt file both print only "failed to load model".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as signals
+from typing import Any, Iterable
+
+from autoinfer.engines.base import Outcome, TrialConfig
+from autoinfer.errors import UserError
+
+_REASON_CHARS = 240
+
+# Ordered: within a rule the first pattern that matches a line gives the reason, so the most specific comes first.
+_OOM = [
+    r"cudaMalloc failed", r"\bout of memory\b", r"unable to allocate \S+ buffer", r"failed to allocate",
+    r"std::bad_alloc", r"cudaErrorMemoryAllocation", r"CUBLAS_STATUS_ALLOC_FAILED", r"ErrorOutOfDeviceMemory",
+    r"insufficient memory", r"Cannot allocate memory",
+]
+# Debug lines of runs that recovered (pinned memory and async-upload buffers fall back to plain host memory).
+_OOM_BENIGN = re.compile(r"pinned memory|async uploads|retrying", re.IGNORECASE)
+_LOAD = [
+    r"error loading model", r"invalid magic", r"failed to open GGUF file", r"failed to read magic",
+    r"gguf_init_from_\w+: ", r"unknown model architecture", r"not within the file bounds", r"failed to load model",
+]
+_REJECTED = [
+    r"requires flash_attn", r"does not support different K", r"does not divide n_embd_head",
+    r"invalid parameter for argument", r"unrecognized buffer type", r"\binvalid argument\b",
+    r"unknown argument", r"error: invalid value", r"failed to create context",
+]
+# Words of error lines; whole words, so llama.cpp's "set_abort_callback" debug line does not count.
+_TELLING = re.compile(r"error|assert|\babort(ed)?\b|fatal|terminate|exception|failed", re.IGNORECASE)
+#: A SIGKILL while the tree held this share of the RAM limit is taken for the kernel's OOM killer.
+OOM_KILL_RSS_SHARE = 0.85
+
+
+def _short(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 1] + "…"
+
+
+def _first_match(lines: list[str], patterns: list[str], skip: re.Pattern[str] | None = None) -> str | None:
+    for pattern in patterns:
+        rx = re.compile(pattern, re.IGNORECASE)
+        for line in lines:
+            if rx.search(line) and not (skip and skip.search(line)):
+                return _short(line)
+    return None
+
+
+def telling_line(stderr: str) -> str:
+    """The last line that looks like an error, else the last non-empty line."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if _TELLING.search(line):
+            return _short(line)
+    return _short(lines[-1]) if lines else ""
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signals.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def classify_failure(returncode: int | None, signal: int | None, timed_out: bool, stderr: str, *,
+                     rss_peak_mib: float | None = None, ram_limit_mib: float | None = None) -> tuple[Outcome, str]:
+    """The outcome of a llama.cpp run that did not succeed, and the stderr line that shows why."""
+    lines = stderr.splitlines()
+    if timed_out:
+        return Outcome.TIMEOUT, "ran past the timeout; the process group was killed"
+    for outcome, patterns, skip in ((Outcome.OOM, _OOM, _OOM_BENIGN), (Outcome.LOAD_FAILED, _LOAD, None),
+                                    (Outcome.REJECTED, _REJECTED, None)):
+        line = _first_match(lines, patterns, skip)
+        if line:
+            return outcome, line
+    if signal == signals.SIGKILL and rss_peak_mib is not None:
+        if ram_limit_mib is None:
+            from autoinfer.measure.host import ram_limit_mib as limit
+
+            ram_limit_mib = limit()
+        if rss_peak_mib >= OOM_KILL_RSS_SHARE * ram_limit_mib:
+            return Outcome.OOM, (f"killed by SIGKILL at a peak RSS of {rss_peak_mib:.0f} MiB of "
+                                 f"{ram_limit_mib:.0f} MiB (the kernel's OOM killer)")
+    last = telling_line(stderr)
+    if signal is not None:
+        return Outcome.CRASH, f"killed by {_signal_name(signal)}" + (f": {last}" if last else "")
+    return Outcome.CRASH, f"exit status {returncode}" + (f": {last}" if last else "")
+
+
+# ---------------------------------------------------------------------------------------------- flag builders
+
+
+def _check_patterns(patterns: Iterable[str], separators: str, where: str) -> None:
+    for pattern in patterns:
+        bad = [c for c in separators if c in pattern]
+        if bad:
+            raise UserError(
+                f"override_tensors pattern {pattern!r} contains {bad[0]!r}, which {where} reads as a separator; "
+                "rewrite the regex without it (e.g. [0-9] or alternatives in separate patterns)"
+            )
+
+
+class _Args:
+    """Collects flags, checking each against the flags a binary lists in --help (None: assume all exist)."""
+
+    def __init__(self, binary: str, supported: frozenset[str] | None) -> None:
+        self.binary = binary
+        self.supported = supported
+        self.argv: list[str] = []
+
+    def has(self, flag: str) -> bool:
+        return self.supported is None or flag in self.supported
+
+    def add(self, flag: str, value: Any, *, name: str, default: Any = None) -> None:
+        """Add `flag value`; a missing flag is fine only when the value is llama.cpp's default anyway."""
+        if self.has(flag):
+            self.argv += [flag, value if isinstance(value, str) else str(value)]
+        elif value != default:
+            raise UserError(
+                f"this {self.binary} build has no {flag} flag, needed for {name}={value!r}; "
+                f"build a newer llama.cpp (`autoinfer build`) or drop {name} from the campaign"
+            )
+
+
+BENCH_EXTRAS = {"prio": "--prio", "cpu_mask": "-C", "cpu_strict": "--cpu-strict", "delay": "--delay",
+                "poll": "--poll"}
+#: llama.cpp defaults of the extras, so a build lacking the flag still runs a campaign that leaves them alone.
+_BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "delay": 0, "poll": 50}
+
+
+def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
+    """llama-bench flags for one configuration (binary not included), ending in `-o json`.
+
+    With `tools` (autoinfer.llama.binaries.Tools) only flags the binary lists in --help are used; without, the
+    flags of the current llama.cpp are assumed (for exported commands).
+    """
+    supported = tools.help_flags("llama-bench") if tools is not None else None
+    return bench_args_for(config, supported)
+
+
+def bench_args_for(config: TrialConfig, supported: frozenset[str] | None) -> list[str]:
+    """bench_args against an explicit set of supported flags (None: all)."""
+    a = _Args("llama-bench", supported)
+    a.argv += ["-m", str(config.model), "-p", str(config.n_prompt), "-n", str(config.n_gen),
+               "-r", str(config.repetitions)]
+    if config.threads is not None:
+        a.add("-t", config.threads, name="threads")
+    a.add("-b", config.batch, name="batch", default=2048)
+    a.add("-ub", config.ubatch, name="ubatch", default=512)
+    a.add("-ctk", config.type_k, name="type_k", default="f16")
+    a.add("-ctv", config.type_v, name="type_v", default="f16")
+    a.add("-fa", config.flash_attn, name="flash_attn", default="auto")
+    a.add("-ngl", config.n_gpu_layers, name="n_gpu_layers")
+    a.add("-ncmoe", config.n_cpu_moe, name="n_cpu_moe", default=0)
+    if config.override_tensors:
+        _check_patterns(config.override_tensors, ",;", "llama-bench")
+        a.add("-ot", ";".join(config.override_tensors), name="override_tensors")
+    if not a.has("-lm") and a.has("-mmp") and config.load_mode in ("mmap", "none"):  # builds before -lm
+        a.add("-mmp", int(config.load_mode == "mmap"), name="load_mode")
+    else:  # builds without either always mmap
+        a.add("-lm", config.load_mode, name="load_mode", default="mmap")
+    for name, flag in BENCH_EXTRAS.items():
+        value = config.get(name)
+        if value is None:
+            continue
+        if name == "cpu_mask" and "," in str(value):
+            raise UserError(f"cpu_mask {value!r}: give one hex mask; llama-bench reads ',' as a list of masks")
+        if isinstance(value, bool):
+            value = int(value)
+        a.add(flag, value, name=name, default=_BENCH_EXTRA_DEFAULTS[name])
+    a.argv += ["-o", "json"]
+    return a.argv
+
+
+# llama-server's flags before --load-mode existed, for each load mode.
+_LEGACY_LOAD_FLAGS = {"mmap": [], "none": ["--no-mmap"], "mlock": ["--no-mmap", "--mlock"],
+                      "mmap+mlock": ["--mlock"], "dio": ["--direct-io"]}
+
+
+def server_context(config: TrialConfig) -> int:
+    """Context size: `ctx_size` if the campaign sets it, else room for the prompt and generation, rounded up to
+    256 tokens so the BOS token and small variations never overflow it."""
+    ctx = config.get("ctx_size")
+    return int(ctx) if ctx is not None else 256 * math.ceil((config.n_prompt + config.n_gen + 1) / 256)
+
+
+def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
+    """llama-server flags for one configuration; --host/--port are the server engine's to add."""
+    a = _Args("llama-server", tools.help_flags("llama-server") if tools is not None else None)
+    a.argv += ["-m", str(config.model)]
+    if config.threads is not None:
+        a.add("-t", config.threads, name="threads")
+        a.add("-tb", config.get("threads_batch", config.threads), name="threads_batch")
+    a.add("-b", config.batch, name="batch", default=2048)
+    a.add("-ub", config.ubatch, name="ubatch", default=512)
+    a.add("-ctk", config.type_k, name="type_k", default="f16")
+    a.add("-ctv", config.type_v, name="type_v", default="f16")
+    a.add("-fa", config.flash_attn, name="flash_attn", default="auto")
+    a.add("-ngl", config.n_gpu_layers, name="n_gpu_layers")
+    a.add("-ncmoe", config.n_cpu_moe, name="n_cpu_moe", default=0)
+    if config.override_tensors:
+        _check_patterns(config.override_tensors, ",", "llama-server")
+        a.add("-ot", ",".join(config.override_tensors), name="override_tensors")
+    if a.has("-lm"):
+        a.add("-lm", config.load_mode, name="load_mode")
+    else:
+        for flag in _LEGACY_LOAD_FLAGS[config.load_mode]:
+            if not a.has(flag):
+                raise UserError(f"this llama-server build has neither -lm nor {flag}, needed for "
+                                f"load_mode={config.load_mode!r}; build a newer llama.cpp (`autoinfer build`)")
+            a.argv.append(flag)
+    a.add("-c", server_context(config), name="ctx_size")
+    return a.argv

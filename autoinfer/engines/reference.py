@@ -1,0 +1,84 @@
+"""The `reference` engine: autoinfer's own PyTorch implementation (autoinfer.refengine), measured like llama-bench.
+
+Each trial runs `python -m autoinfer.refengine.worker` in an isolated child and reads the one JSON line it prints.
+Knobs beyond the TrialConfig fields (campaign `space:` names): device, dtype, gdn, moe, prefill_chunk,
+torch_threads, expert_slots (0 = all experts on the device), cache_policy, prefetch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.llama_common import classify_failure
+from autoinfer.errors import UserError
+from autoinfer.measure.process import run_isolated
+
+KNOBS = {"device": "--device", "dtype": "--dtype", "gdn": "--gdn", "moe": "--moe",
+         "prefill_chunk": "--prefill-chunk", "torch_threads": "--torch-threads", "expert_slots": "--expert-slots",
+         "cache_policy": "--cache-policy"}
+_EXIT_OUTCOMES = {2: Outcome.REJECTED, 3: Outcome.LOAD_FAILED, 4: Outcome.OOM}
+
+
+def worker_command(config: TrialConfig) -> list[str]:
+    argv = [sys.executable, "-m", "autoinfer.refengine.worker", "--model", str(config.model),
+            "--n-prompt", str(config.n_prompt), "--n-gen", str(config.n_gen),
+            "--repetitions", str(config.repetitions)]
+    for name, flag in KNOBS.items():
+        value = config.get(name)
+        if value is not None:
+            argv += [flag, str(value)]
+    if config.get("prefetch") in (True, "true", "True", 1):
+        argv.append("--prefetch")
+    return argv
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    return lines[-1][len("error:"):].strip() if lines else ""
+
+
+@register("reference")
+class ReferenceEngineRunner:
+    name = "reference"
+    supported = frozenset({"model", "n_prompt", "n_gen", "repetitions", "prefetch", *KNOBS})
+
+    def check(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise UserError("engine 'reference' needs PyTorch: pip install 'autoinfer[engine]'")
+
+    def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
+        argv = worker_command(config)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, gpu_index=ctx.gpu_index)
+        common: dict[str, Any] = dict(engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout,
+                                      stderr=res.stderr, vram_peak_mib=res.vram_peak_mib,
+                                      rss_peak_mib=res.rss_peak_mib, raw_output=res.stdout)
+        if res.timed_out or res.returncode != 0:
+            if not res.timed_out and res.returncode in _EXIT_OUTCOMES:
+                return Measurement(_EXIT_OUTCOMES[res.returncode], reason=_error_line(res.stderr), **common)
+            outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
+                                               rss_peak_mib=res.rss_peak_mib)
+            return Measurement(outcome, reason=reason, **common)
+        data = _last_json(res.stdout)
+        if data is None:
+            return Measurement(Outcome.BAD_OUTPUT, reason="the worker exited 0 without a JSON line", **common)
+        metrics = {k: v for k, v in data.items() if k not in ("pp_samples", "tg_samples", "engine_s")}
+        env = {"torch": data.get("torch"), "device_name": data.get("device_name"),
+               "vram_method": res.vram_method}
+        return Measurement(Outcome.OK, tg_samples=tuple(data["tg_samples"]), pp_samples=tuple(data["pp_samples"]),
+                           engine_s=data.get("engine_s"), metrics=metrics, env=env, **common)

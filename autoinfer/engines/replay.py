@@ -1,0 +1,153 @@
+"""Engine "replay": answers trials from a table of measured configurations, so search strategies can be compared
+offline in seconds.
+
+The table is a CSV: parameter columns (any campaign parameter: n_cpu_moe, placement, ubatch, …), then `tg`, `pp`
+(tok/s medians) and `vram_mib` and/or `rss_mib` (peaks); optional `tg_samples`/`pp_samples` (repetitions,
+space-separated) give each row its measured noise, which replay draws from; an optional `outcome` column marks rows
+that failed (oom, crash, …). A `<table>.shape.json` beside it (written by benchmarks/make_table.py) describes the
+model so the memory model can be used on the table without the GGUF.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.errors import UserError
+
+RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "outcome", "wall_s")
+
+
+def shape_path(table: Path) -> Path:
+    return table.with_name(table.stem + ".shape.json")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Load and check a replay table; UserError naming what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"replay table {path} does not exist; make one with benchmarks/make_table.py")
+    try:
+        df = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"replay table {path} is not a readable CSV ({str(exc).splitlines()[0]})") from None
+    if not {"tg", "pp"} & set(df.columns):
+        raise UserError(f"replay table {path} has no 'tg' or 'pp' column; add the measured tok/s")
+    if not parameter_columns(df):
+        raise UserError(f"replay table {path} has no parameter columns besides {', '.join(RESULT_COLUMNS)}")
+    return df
+
+
+def parameter_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c not in RESULT_COLUMNS]
+
+
+def _samples(value: Any) -> tuple[float, ...]:
+    if isinstance(value, str) and value.strip():
+        return tuple(float(v) for v in value.split())
+    return ()
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+class ReplayEngine:
+    """Looks a configuration up in the table (exact match, else the nearest row) and replays its noise."""
+
+    name = "replay"
+
+    def __init__(self, table: str | Path, seed: int = 0, match: str = "nearest") -> None:
+        if match not in ("nearest", "exact"):
+            raise UserError(f"engine_options.match {match!r} is not one of nearest, exact")
+        self.table_path = Path(table)
+        self.df = read_table(self.table_path)
+        self.params = parameter_columns(self.df)
+        self.supported = frozenset(self.params)
+        self.match = match
+        self.rng = np.random.default_rng(seed)
+        numeric = {c: pd.api.types.is_numeric_dtype(self.df[c]) for c in self.params}
+        self._numeric = [c for c in self.params if numeric[c]]
+        self._categorical = [c for c in self.params if not numeric[c]]
+        spans = {c: float(self.df[c].max() - self.df[c].min()) or 1.0 for c in self._numeric}
+        self._spans = np.array([spans[c] for c in self._numeric])
+        self._num_values = self.df[self._numeric].to_numpy(dtype=float)
+        self._cat_values = self.df[self._categorical].astype(str).to_numpy()
+
+    def check(self) -> None:
+        """A table engine runs anywhere."""
+
+    def resolve_models(self, entries: list[str]) -> dict[str, str]:
+        """Model entries are labels here: the table already holds the measurements."""
+        return {entry: entry for entry in entries}
+
+    def model_shape(self, model: str):
+        """The model's shape from the table's sidecar, or None when the table has none."""
+        from autoinfer.model.placement import ModelShape
+
+        path = shape_path(self.table_path)
+        return ModelShape.from_json(path.read_text()) if path.is_file() else None
+
+    def row_for(self, config: TrialConfig) -> tuple[int, float]:
+        """Index of the matching row and its distance (0 for an exact match)."""
+        values = config.to_params()
+        missing = [c for c in self.params if c not in values]
+        if missing:
+            raise UserError(f"replay table {self.table_path} needs parameter {missing[0]!r}; put it in the campaign space")
+        dist = np.zeros(len(self.df))
+        if self._numeric:
+            target = np.array([float(values[c]) for c in self._numeric])
+            dist += (np.abs(self._num_values - target) / self._spans).sum(axis=1)
+        if self._categorical:
+            target_c = np.array([str(values[c]) for c in self._categorical])
+            dist += (self._cat_values != target_c).sum(axis=1)
+        index = int(np.argmin(dist))
+        return index, float(dist[index])
+
+    def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
+        started = time.monotonic()
+        index, distance = self.row_for(config)
+        if distance > 0 and self.match == "exact":
+            return Measurement(Outcome.REJECTED, reason="no exact row for this configuration in the replay table",
+                               wall_s=time.monotonic() - started)
+        row = self.df.iloc[index]
+        metrics = {"replay_row": index, "replay_distance": distance}
+        vram, rss = _number(row.get("vram_mib")), _number(row.get("rss_mib"))
+        outcome = str(row.get("outcome", "ok") or "ok") if not pd.isna(row.get("outcome", "ok")) else "ok"
+        wall = _number(row.get("wall_s"))
+        if outcome != Outcome.OK.value:
+            return Measurement(Outcome(outcome), reason=f"replayed from row {index}", vram_peak_mib=vram,
+                               rss_peak_mib=rss, metrics=metrics, wall_s=wall or time.monotonic() - started)
+        tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0)
+        pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0)
+        first = tg or pp
+        if first and ctx.on_first_sample is not None and ctx.on_first_sample(first[0]):
+            return Measurement(Outcome.PRUNED, reason="first repetition far below the best so far",
+                               tg_samples=tg[:1], pp_samples=() if tg else pp[:1], vram_peak_mib=vram,
+                               rss_peak_mib=rss, metrics=metrics, wall_s=(wall or 0.0) / max(config.repetitions, 1))
+        return Measurement(Outcome.OK, tg_samples=tg, pp_samples=pp, vram_peak_mib=vram, rss_peak_mib=rss,
+                           metrics=metrics, wall_s=wall if wall is not None else time.monotonic() - started)
+
+    def _draw(self, row: pd.Series, kind: str, n: int) -> tuple[float, ...]:
+        """n repetitions: resampled from the row's samples when it has them, else its median repeated."""
+        if n == 0 or kind not in row or pd.isna(row[kind]):
+            return ()
+        samples = _samples(row.get(f"{kind}_samples"))
+        if samples:
+            return tuple(float(v) for v in self.rng.choice(samples, size=n, replace=True))
+        return (float(row[kind]),) * n
+
+
+@register("replay")
+def _factory(**options: Any) -> ReplayEngine:
+    if "table" not in options:
+        raise UserError("engine 'replay' needs engine_options.table: the CSV of measured configurations")
+    unknown = set(options) - {"table", "seed", "match"}
+    if unknown:
+        raise UserError(f"engine_options.{sorted(unknown)[0]}: engine 'replay' takes only table, seed and match")
+    return ReplayEngine(**options)

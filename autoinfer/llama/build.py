@@ -1,0 +1,307 @@
+"""Obtain llama.cpp and build its tools once per (commit, flags), cached outside the repository.
+
+The default source is the llama.cpp tree vendored in the pinned llama-cpp-python sdist, so the Python bindings and
+the command-line tools can share one libllama (shared libraries, LLAMA_CPP_LIB_PATH) compiled once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autoinfer.errors import UserError
+from autoinfer.llama.binaries import TOOL_NAMES, Tools
+from autoinfer.paths import cache_dir
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_DIR = f"llama_cpp_python-{SDIST_VERSION}"
+MANIFEST = "build.json"
+BASE_FLAGS = (
+    "CMAKE_BUILD_TYPE=Release",
+    "LLAMA_CURL=OFF",
+    "LLAMA_BUILD_TESTS=OFF",
+    "LLAMA_BUILD_EXAMPLES=OFF",
+    "LLAMA_USE_PREBUILT_UI=OFF",
+    "BUILD_SHARED_LIBS=ON",
+    "CMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # binaries find libllama next to them after the folder is renamed
+)
+_SOURCE_DIRS = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "app", "vendor")
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
+_CUDA_ARCH = re.compile(r"(\d+[a-z]?(-real|-virtual)?)(;\d+[a-z]?(-real|-virtual)?)*|native|all|all-major")
+
+
+@dataclass(frozen=True)
+class CachedBuild:
+    """One finished build in cache_dir()/llama/<key>/, as its build.json manifest describes it."""
+
+    key: str
+    path: Path
+    commit: str
+    flags: tuple[str, ...]
+    cuda: bool
+    cuda_arch: str | None
+    source: str
+    from_pinned_sdist: bool
+    built_at: float
+    build_s: float
+
+    def tools(self) -> Tools:
+        bin_dir = self.path / "bin"
+        return Tools(bin_dir=bin_dir, lib_dir=bin_dir, commit=self.commit, flags=self.flags, cuda=self.cuda)
+
+
+def builds_dir() -> Path:
+    path = cache_dir() / "llama"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cached_builds() -> list[CachedBuild]:
+    """Every finished build; a folder without a manifest is not one (builds are renamed into place when done)."""
+    found = []
+    for manifest in sorted(builds_dir().glob(f"[!.]*/{MANIFEST}")):  # .tmp-* folders are builds in progress
+        data = json.loads(manifest.read_text())
+        found.append(CachedBuild(
+            key=data["key"], path=manifest.parent, commit=data["commit"], flags=tuple(data["flags"]),
+            cuda=data["cuda"], cuda_arch=data["cuda_arch"], source=data["source"],
+            from_pinned_sdist=data["from_pinned_sdist"], built_at=data["built_at"], build_s=data["build_s"],
+        ))
+    return found
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive file lock: two processes (pytest-xdist workers, two terminals) never build the same thing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pinned_source() -> Path:
+    """vendor/llama.cpp of the pinned llama-cpp-python sdist, fetched with pip (sha256 checked) on first use."""
+    src_root = cache_dir() / "src"
+    tree = src_root / SDIST_DIR / "vendor" / "llama.cpp"
+    if (tree / "CMakeLists.txt").is_file():
+        return tree
+    with _locked(src_root / ".fetch.lock"):
+        if (tree / "CMakeLists.txt").is_file():
+            return tree
+        archive = _download_sdist(src_root)
+        staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=src_root))
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(staging, filter="data")
+            os.replace(staging / SDIST_DIR, src_root / SDIST_DIR)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return tree
+
+
+def _download_sdist(src_root: Path) -> Path:
+    archive = src_root / f"{SDIST_DIR}.tar.gz"
+    if not archive.is_file() or _sha256(archive) != SDIST_SHA256:
+        with tempfile.TemporaryDirectory(dir=src_root) as tmp:
+            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
+            done = subprocess.run(argv, capture_output=True, text=True)
+            fetched = Path(tmp) / archive.name
+            if done.returncode != 0 or not fetched.is_file():
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"pip could not download {SDIST_NAME}=={SDIST_VERSION} ({last}); "
+                                f"check the network or pass --source with a llama.cpp checkout")
+            os.replace(fetched, archive)
+    digest = _sha256(archive)
+    if digest != SDIST_SHA256:
+        archive.unlink()
+        raise UserError(f"{archive.name} has sha256 {digest}, expected {SDIST_SHA256}; the download was altered, "
+                        f"retry or pass --source with a llama.cpp checkout")
+    return archive
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_source(source: Path) -> Path:
+    """A llama.cpp source tree has a top-level CMakeLists.txt and tools/llama-bench."""
+    source = Path(source).expanduser().resolve()
+    if not source.is_dir():
+        raise UserError(f"--source {source} does not exist; pass a llama.cpp checkout")
+    if not (source / "CMakeLists.txt").is_file() or not (source / "tools" / "llama-bench").is_dir():
+        raise UserError(f"--source {source} is not a llama.cpp source tree (needs CMakeLists.txt and "
+                        f"tools/llama-bench); pass the root of a llama.cpp checkout")
+    return source
+
+
+def source_identity(source: Path) -> tuple[str, str]:
+    """(commit, content digest). Git trees give `rev-parse --short HEAD` (+"-dirty" with the diff in the digest);
+    trees without git are named by a hash of their sources, since nothing else identifies them honestly."""
+    git = shutil.which("git")
+    if git and _git(git, source, "rev-parse", "--show-toplevel") == str(source):
+        commit = _git(git, source, "rev-parse", "--short", "HEAD")
+        if _git(git, source, "status", "--porcelain", "--untracked-files=no"):
+            diff = subprocess.run([git, "diff", "HEAD"], cwd=source, capture_output=True).stdout
+            return f"{commit}-dirty", hashlib.sha256(diff).hexdigest()
+        return commit, ""
+    digest = hashlib.sha256()
+    for top in _SOURCE_DIRS:
+        paths = [source / top] if (source / top).is_file() else sorted((source / top).rglob("*"))
+        for path in paths:
+            if path.is_file() and not path.is_symlink():
+                digest.update(str(path.relative_to(source)).encode() + b"\0" + path.read_bytes())
+    content = digest.hexdigest()
+    return f"src-{content[:12]}", content
+
+
+def _git(git: str, cwd: Path, *args: str) -> str:
+    done = subprocess.run([git, *args], cwd=cwd, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _cuda_compiler() -> Path:
+    for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    raise UserError("--cuda needs the CUDA toolkit (nvcc not on PATH nor in $CUDA_HOME/bin); install it or drop --cuda")
+
+
+def _default_cuda_arch() -> str:
+    """The compute capability of GPU 0 (e.g. "90" on an H100): building for one architecture is several times faster."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        raise UserError(f"no NVIDIA GPU visible to choose the CUDA architecture ({exc}); pass --cuda-arch "
+                        f"(e.g. 90 for H100, 89 for RTX 40xx)") from exc
+    return f"{major}{minor}"
+
+
+def _build_tools() -> tuple[Path, Path]:
+    """cmake and ninja: cmake from the system, ninja from PATH or the `ninja` Python package."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise UserError("cmake is not installed; install it (apt install cmake, or pip install cmake) and retry")
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        try:
+            import ninja as ninja_pkg
+        except ImportError as exc:
+            raise UserError("ninja is not installed; pip install ninja (or apt install ninja-build) and retry") from exc
+        ninja = os.path.join(ninja_pkg.BIN_DIR, "ninja")
+    return Path(cmake), Path(ninja)
+
+
+def build(source: Path | None = None, *, cuda: bool = False, cuda_arch: str | None = None,
+          console: Console | None = None) -> Tools:
+    """Build the llama.cpp tools and shared libraries, or return the cached build of the same (commit, flags)."""
+    if cuda_arch and not cuda:
+        raise UserError("--cuda-arch only applies to CUDA builds; add --cuda or drop --cuda-arch")
+    if cuda_arch and not _CUDA_ARCH.fullmatch(cuda_arch):
+        raise UserError(f"--cuda-arch {cuda_arch!r} is not a CUDA architecture list; use e.g. 90, 89 or 86;90")
+    pinned = source is None
+    source = pinned_source() if pinned else check_source(source)
+    commit, content = source_identity(source)
+    flags = list(BASE_FLAGS)
+    if cuda:
+        cuda_arch = cuda_arch or _default_cuda_arch()
+        flags += ["GGML_CUDA=ON", f"CMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    variant = f"cuda{cuda_arch.replace(';', '_')}" if cuda else "cpu"
+    digest = hashlib.sha256(json.dumps([commit, content, flags]).encode()).hexdigest()[:10]
+    key = f"{commit}-{variant}-{digest}"
+    final = builds_dir() / key
+    with _locked(builds_dir() / f".{key}.lock"):
+        if not (final / MANIFEST).is_file():
+            _build_into(final, source, commit, tuple(flags), cuda, cuda_arch, pinned, console or Console(stderr=True))
+    return next(b for b in cached_builds() if b.key == key).tools()
+
+
+def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], cuda: bool, cuda_arch: str | None,
+                pinned: bool, console: Console) -> None:
+    """Configure and build in a temporary folder, keep bin/ and the log, then rename it into place atomically."""
+    cmake, ninja = _build_tools()
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    tree, log_path = work / "cmake", work / "build.log"
+    defines = [f"-D{flag}" for flag in flags]
+    defines += [f"-DLLAMA_BUILD_COMMIT={commit}", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
+    env = dict(os.environ)
+    if shutil.which("ccache"):
+        launchers = ["C", "CXX"] + (["CUDA"] if cuda else [])
+        defines += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in launchers]
+        env.update(CCACHE_BASEDIR=str(source.parent), CCACHE_NOHASHDIR="1")
+    if cuda:
+        defines.append(f"-DCMAKE_CUDA_COMPILER={_cuda_compiler()}")
+    started = time.time()
+    with log_path.open("w") as log:
+        _run_logged([str(cmake), "-S", str(source), "-B", str(tree), "-G", "Ninja", *defines], env, log, log_path,
+                    "configure", console, None)
+        _run_logged([str(cmake), "--build", str(tree), "--target", *TOOL_NAMES, "-j", str(os.cpu_count() or 1)],
+                    env, log, log_path, "build", console, f"llama.cpp {commit} ({'CUDA ' + cuda_arch if cuda else 'CPU'})")
+    missing = [name for name in TOOL_NAMES if not (tree / "bin" / name).is_file()]
+    if missing:
+        raise UserError(f"the build finished without {', '.join(missing)}; see the log {log_path}")
+    os.replace(tree / "bin", work / "bin")
+    shutil.rmtree(tree)
+    manifest = {
+        "key": final.name, "commit": commit, "flags": list(flags), "cuda": cuda, "cuda_arch": cuda_arch,
+        "source": str(source), "from_pinned_sdist": pinned,
+        "sdist": {"name": SDIST_NAME, "version": SDIST_VERSION, "sha256": SDIST_SHA256} if pinned else None,
+        "tools": list(TOOL_NAMES), "built_at": time.time(), "build_s": round(time.time() - started, 1),
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(final, ignore_errors=True)  # a folder left without its manifest is not a build
+    os.replace(work, final)
+
+
+def _run_logged(argv: list[str], env: dict[str, str], log, log_path: Path, step: str, console: Console,
+                title: str | None) -> None:
+    """Run one step with its output in the log; ninja's "[n/N]" lines drive a progress bar when a title is given."""
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    try:
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise UserError(f"cannot start {argv[0]} ({exc}); see the log {log_path}") from exc
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=title is None) as progress:
+        task = progress.add_task(title or step, total=None)
+        for line in child.stdout:
+            log.write(line)
+            if match := _NINJA_STEP.match(line):
+                log.flush()  # someone tailing the log sees each finished step
+                progress.update(task, completed=int(match.group(1)), total=int(match.group(2)))
+        returncode = child.wait()
+    log.flush()
+    if returncode != 0:
+        raise UserError(f"llama.cpp {step} failed (exit {returncode}); see the log {log_path}")

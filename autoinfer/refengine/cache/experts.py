@@ -1,0 +1,177 @@
+"""Where routed experts live while the model runs.
+
+`ResidentExperts`: every expert of every layer on the compute device. `ExpertCache`: experts stay in (pinned) host
+memory and are copied on use into N device slots shared by all layers, evicting by LRU or LFU; optionally the next
+layer's likely experts are prefetched (predicted by applying that layer's router to the current hidden state) on a
+side CUDA stream while this layer computes. Both run a layer's routed assignments through an op from ops/moe.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from autoinfer.errors import UserError
+from autoinfer.refengine.ops.moe import ExpertBank, MoeFn
+
+POLICIES = ("lru", "lfu")
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    bytes_fetched: int = 0
+    prefetched: int = 0
+    prefetch_used: int = 0  # prefetched experts that a later demand found in their slot
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def as_dict(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate,
+                "bytes_fetched": self.bytes_fetched, "prefetched": self.prefetched,
+                "prefetch_used": self.prefetch_used}
+
+
+class ResidentExperts:
+    """All experts on the device: the bank of layer l is that layer's stacked expert tensors."""
+
+    prefetch = False
+
+    def __init__(self, banks: list[ExpertBank]):
+        self.banks = banks
+        self.stats = CacheStats()
+
+    def run(self, layer: int, x: torch.Tensor, token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
+            fn: MoeFn) -> torch.Tensor:
+        return fn(x, token, expert, weight, self.banks[layer])
+
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for b in self.banks for t in (b.gate, b.up, b.down))
+
+
+class ExpertCache:
+    """N device slots in front of host-resident experts."""
+
+    def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str = "lru",
+                 prefetch: bool = False):
+        if policy not in POLICIES:
+            raise UserError(f"expert cache policy {policy!r} is not one of {', '.join(POLICIES)}")
+        if slots < 1:
+            raise UserError(f"expert_slots must be ≥ 1 for the expert cache (got {slots})")
+        self.host, self.policy, self.prefetch, self.device = host, policy, prefetch, torch.device(device)
+        ref = host[0]
+        self.pool = ExpertBank(*(torch.empty((slots, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                                 for t in (ref.gate, ref.up, ref.down)))
+        self.slots = slots
+        self.where: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) → slot, LRU order
+        self.uses: dict[tuple[int, int], int] = {}
+        self.free = list(range(slots))
+        self.pending: dict[int, torch.cuda.Event] = {}  # slot → copy still in flight on the side stream
+        self.prefetched: set[tuple[int, int]] = set()
+        self.last_used: set[tuple[int, int]] = set()  # the experts the latest layer computed with
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in (ref.gate, ref.up, ref.down))
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stats = CacheStats()
+
+    def device_bytes(self) -> int:
+        return self.slots * self.expert_bytes
+
+    def _victim(self, protected: set[tuple[int, int]]) -> int:
+        if self.free:
+            return self.free.pop()
+        candidates = [key for key in self.where if key not in protected]  # oldest first
+        if not candidates:
+            raise RuntimeError("expert cache: every slot holds an expert the current step needs")
+        key = min(candidates, key=lambda k: self.uses[k]) if self.policy == "lfu" else candidates[0]
+        self.prefetched.discard(key)
+        return self.where.pop(key)
+
+    def _load(self, key: tuple[int, int], protected: set[tuple[int, int]], stream) -> int:
+        slot = self._victim(protected)
+        unfinished = self.pending.pop(slot, None)  # an evicted prefetch may still be copying into this slot
+        if unfinished is not None and stream is None:
+            torch.cuda.current_stream(self.device).wait_event(unfinished)
+        layer, e = key
+        src = self.host[layer]
+        ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
+        with ctx:
+            for dst, t in zip((self.pool.gate, self.pool.up, self.pool.down), (src.gate, src.up, src.down)):
+                dst[slot].copy_(t[e], non_blocking=True)
+            if stream is not None:
+                event = torch.cuda.Event()
+                event.record(stream)
+                self.pending[slot] = event
+        self.where[key] = slot
+        self.uses.setdefault(key, 0)
+        self.stats.bytes_fetched += self.expert_bytes
+        return slot
+
+    def ensure(self, layer: int, experts: list[int]) -> dict[int, int]:
+        """Make these experts of `layer` resident (len ≤ slots); returns expert → slot."""
+        keys = [(layer, e) for e in experts]
+        protected = set(keys)
+        self.last_used = protected
+        out = {}
+        for key in keys:
+            if key in self.where:
+                self.stats.hits += 1
+                if key in self.prefetched:
+                    self.stats.prefetch_used += 1
+                    self.prefetched.discard(key)
+                self.where.move_to_end(key)
+                slot = self.where[key]
+            else:
+                self.stats.misses += 1
+                slot = self._load(key, protected, None)
+            event = self.pending.pop(slot, None)
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
+            self.uses[key] += 1
+            out[key[1]] = slot
+        return out
+
+    def prefetch_layer(self, layer: int, experts: list[int]) -> None:
+        """Start copying predicted experts of `layer` that are not resident, without waiting for them.
+
+        Called after the current layer's experts were queued: the copies wait for that work (their slots may be
+        read by it), then overlap with the next layer's attention/GDN. The current layer's experts are kept."""
+        missing = [(layer, e) for e in experts if (layer, e) not in self.where]
+        missing = missing[: max(0, self.slots - len(self.last_used))]
+        if not missing:
+            return
+        if self.copy_stream is not None:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        for key in missing:
+            self._load(key, set(missing) | self.last_used, self.copy_stream)
+            self.prefetched.add(key)
+            self.stats.prefetched += 1
+
+    def run(self, layer: int, x: torch.Tensor, token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
+            fn: MoeFn) -> torch.Tensor:
+        """Experts of this layer in rounds of at most `slots` (a long prefill can need more than fit)."""
+        needed = torch.unique(expert).tolist()
+        y = None
+        for start in range(0, len(needed), self.slots):
+            group = needed[start:start + self.slots]
+            slot_of = self.ensure(layer, group)
+            table = torch.full((self.host[layer].gate.shape[0],), -1, dtype=torch.long)
+            table[list(slot_of)] = torch.tensor(list(slot_of.values()))
+            rows = table.to(expert.device)[expert]
+            pick = rows >= 0
+            part = fn(x, token[pick], rows[pick], weight[pick], self.pool)
+            y = part if y is None else y + part
+        return y
+
+
+def host_banks(banks: list[ExpertBank], pin: bool) -> list[ExpertBank]:
+    """Experts kept in host memory; pinned when a CUDA device will copy from them asynchronously."""
+    if not pin:
+        return banks
+    return [ExpertBank(*(t if t.is_pinned() else t.pin_memory() for t in (b.gate, b.up, b.down))) for b in banks]

@@ -1,0 +1,128 @@
+"""The Qwen3.5/3.6-MoE network (hybrid Gated DeltaNet + gated attention, routed + shared experts) in one file.
+
+Weights follow llama.cpp's GGUF conventions (see loader.py). Layer i:
+    h   = x + Mixer(RMSNorm(x))            Mixer = gated full attention on layers in cfg.attention_layers, else GDN
+    out = h + MoE(RMSNorm(h))
+Norms, softmaxes, the conv and the delta-rule recurrence run in fp32; matmuls in the weights' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from autoinfer.refengine.config import ModelConfig
+from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeights, MoeWeights
+from autoinfer.refengine.ops import gdn as gdn_ops
+from autoinfer.refengine.ops import moe as moe_ops
+from autoinfer.refengine.state import GdnState, KVCache, SequenceState
+
+L2_EPS = 1e-6  # q/k L2 norm of the GDN layers (as in the FLA kernels and HF)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def l2_norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+class Qwen35Moe:
+    """Stateless over sequences: every call takes and updates a SequenceState."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, experts, *, gdn: str = "chunk", moe: str = "grouped"):
+        self.cfg, self.w, self.experts = cfg, weights, experts
+        self.gdn_fn, self.moe_fn = gdn_ops.get(gdn), moe_ops.get(moe)
+        self.dtype, self.device = weights.embed.dtype, weights.embed.device
+        half = cfg.rope_dims // 2
+        self.inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=self.device) / half)
+
+    def new_state(self, capacity: int = 256) -> SequenceState:
+        return SequenceState.empty(self.cfg, self.device, self.dtype, capacity)
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], state: SequenceState, all_logits: bool = False) -> torch.Tensor:
+        """Consume `tokens` after what `state` holds; logits [T, V] (or [1, V] for the last token) in fp32."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        x = self.w.embed[ids]
+        positions = torch.arange(state.position, state.position + len(tokens), device=self.device)
+        for i, layer in enumerate(self.w.layers):
+            normed = rms_norm(x, layer.attn_norm, self.cfg.rms_eps).to(self.dtype)
+            if isinstance(layer.mixer, AttentionWeights):
+                mixed = self.attention(normed, layer.mixer, state.layers[i], positions)
+            else:
+                mixed = self.gated_deltanet(normed, layer.mixer, state.layers[i])
+            x = x + mixed.to(x.dtype)
+            normed = rms_norm(x, layer.post_norm, self.cfg.rms_eps).to(self.dtype)
+            next_router = self.w.layers[i + 1].moe.router if i + 1 < len(self.w.layers) else None
+            x = x + self.moe(normed, layer.moe, i, next_router).to(x.dtype)
+        state.position += len(tokens)
+        state.tokens.extend(tokens)
+        if not all_logits:
+            x = x[-1:]
+        return (rms_norm(x, self.w.out_norm, self.cfg.rms_eps).to(self.dtype) @ self.w.lm_head.T).float()
+
+    # --- gated full attention -------------------------------------------------------------------------------
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """NeoX-style rotary embedding on the first rope_dims dims of each head; x [T, heads, D]."""
+        angles = positions[:, None].double() * self.inv_freq[None, :]
+        cos, sin = angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+        half = self.cfg.rope_dims // 2
+        x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+
+    def attention(self, x: torch.Tensor, w: AttentionWeights, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        qg = (x @ w.q.T).view(T, cfg.n_heads, 2 * cfg.head_dim)
+        q, gate = qg[..., :cfg.head_dim], qg[..., cfg.head_dim:].reshape(T, -1)
+        q = self.rope(rms_norm(q, w.q_norm, cfg.rms_eps), positions)
+        k = self.rope(rms_norm((x @ w.k.T).view(T, cfg.n_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_eps), positions)
+        v = (x @ w.v.T).view(T, cfg.n_kv_heads, cfg.head_dim)
+        keys, values = cache.append(k.transpose(0, 1).to(self.dtype), v.transpose(0, 1))  # [Hkv, S, D]
+        rep = cfg.n_heads // cfg.n_kv_heads  # query head h reads kv head h // rep
+        keys, values = keys.repeat_interleave(rep, 0).float(), values.repeat_interleave(rep, 0).float()
+        scores = (q.transpose(0, 1) @ keys.transpose(1, 2)) / math.sqrt(cfg.head_dim)  # [H, T, S]
+        visible = torch.arange(keys.shape[1], device=x.device)[None, :] <= positions[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out = (probs @ values).transpose(0, 1).reshape(T, -1)
+        return (out * torch.sigmoid(gate.float())).to(self.dtype) @ w.o.T
+
+    # --- Gated DeltaNet ---------------------------------------------------------------------------------------
+    def gated_deltanet(self, x: torch.Tensor, w: GdnWeights, state: GdnState) -> torch.Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        Hk, Hv, d = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
+        mixed = torch.cat([state.conv, (x @ w.qkv.T).float()])  # [K−1+T, C]: the causal window
+        state.conv = mixed[-(cfg.conv_kernel - 1):].clone()
+        windows = mixed.unfold(0, cfg.conv_kernel, 1)  # [T, C, K]
+        qkv = F.silu((windows * w.conv).sum(-1))
+        q, k, v = qkv.split([cfg.gdn_key_dim, cfg.gdn_key_dim, cfg.gdn_value_dim], dim=-1)
+        # Value heads are in tiled order: value head j reads key head j mod Hk.
+        q = l2_norm(q.view(T, Hk, d)).repeat(1, Hv // Hk, 1) / math.sqrt(d)
+        k = l2_norm(k.view(T, Hk, d)).repeat(1, Hv // Hk, 1)
+        v = v.view(T, Hv, d)
+        beta = torch.sigmoid((x @ w.beta.T).float())
+        g = w.a * F.softplus((x @ w.alpha.T).float() + w.dt_bias)  # log decay, ≤ 0
+        out, state.recurrent = self.gdn_fn(q, k, v, g, beta, state.recurrent)
+        z = (x @ w.z.T).float().view(T, Hv, d)
+        out = rms_norm(out, w.norm, cfg.rms_eps) * F.silu(z)
+        return out.reshape(T, -1).to(self.dtype) @ w.out.T
+
+    # --- mixture of experts ----------------------------------------------------------------------------------
+    def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = (x.float() @ router.T).softmax(-1)
+        top, idx = probs.topk(self.cfg.n_experts_used, dim=-1)
+        return top / top.sum(-1, keepdim=True), idx
+
+    def moe(self, x: torch.Tensor, w: MoeWeights, layer: int, next_router: torch.Tensor | None) -> torch.Tensor:
+        weight, expert = self.route(x, w.router)
+        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(self.cfg.n_experts_used)
+        routed = self.experts.run(layer, x, token, expert.flatten(), weight.flatten(), self.moe_fn)
+        if self.experts.prefetch and next_router is not None:
+            # The next layer's router applied to this layer's input predicts most of its choices.
+            self.experts.prefetch_layer(layer + 1, torch.unique(self.route(x, next_router)[1]).tolist())
+        shared = (F.silu(x @ w.shared_gate.T) * (x @ w.shared_up.T)) @ w.shared_down.T
+        return routed + torch.sigmoid(x.float() @ w.shared_gate_inp)[:, None] * shared.float()

@@ -1,0 +1,28 @@
+"""Gated delta rule variants, selectable by name. All share one signature:
+
+    fn(q, k, v, g, beta, state) -> (out, new_state)
+
+q, k: [T, H, dk] (L2-normalised, q already scaled by 1/√dk), v: [T, H, dv], g: [T, H] log decay ≤ 0,
+beta: [T, H], state: [H, dk, dv]; everything fp32. `naive` is the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from autoinfer.errors import UserError
+from autoinfer.refengine.ops.gdn.chunk import chunk_gated_delta_rule
+from autoinfer.refengine.ops.gdn.naive import recurrent_gated_delta_rule
+
+GdnFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+VARIANTS: dict[str, GdnFn] = {"naive": recurrent_gated_delta_rule, "chunk": chunk_gated_delta_rule}
+REFERENCE = "naive"
+
+
+def get(name: str) -> GdnFn:
+    if name not in VARIANTS:
+        raise UserError(f"gdn variant {name!r} is not one of {', '.join(VARIANTS)}")
+    return VARIANTS[name]

@@ -1,0 +1,120 @@
+"""`autoinfer analyze` end to end: synthetic studies with planted truth, the seed data, and a real sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+import optuna
+import pandas as pd
+import pytest
+
+from autoinfer.analysis.dataset import add_to_study
+from autoinfer.analysis.importers import peer_data_dir, read_file, read_folder
+from autoinfer.analysis.report import analyze
+from autoinfer.errors import UserError
+
+CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
+
+
+def _study(name: str, *files) -> optuna.Study:
+    study = optuna.create_study(study_name=name, direction="maximize")
+    add_to_study([read_file(f) for f in files], study)
+    return study
+
+
+def test_report_on_planted_bandwidth_data(placement_csv, planted, tmp_path):
+    study = _study("planted", placement_csv)
+    out = tmp_path / "report"
+    analysis = analyze(study, out)
+    fits = json.loads((out / "fits.json").read_text())
+    assert fits["winner"] == {"by_aicc": "bandwidth", "by_holdout": "bandwidth"}
+    assert fits["summary"].startswith("The bandwidth model explains the speeds best by AICc")
+    bw = fits["fits"]["bandwidth"]
+    assert not bw["identifiable"]  # one model file: only the marginal CPU cost is determined
+    truth = 1 / (1 / planted["BW_cpu_GBps"] - 1 / planted["BW_gpu_GBps"])
+    assert bw["cpu_marginal_GBps_ci"][0] <= truth <= bw["cpu_marginal_GBps_ci"][1]
+    assert fits["fits"]["power_law"]["alpha_vs_M"]
+    for name in ("speed_vs_cpu_gb", "pareto_vram", "history"):
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.svg").stat().st_size > 0
+    md = (out / "report.md").read_text()
+    assert md.index("## Recommendation") < md.index("## What explains the speed") < md.index("## Top configurations")
+    best = analysis.configs.iloc[0]
+    assert f"**{best['median']:.2f} tok/s**" in md
+    html = (out / "report.html").read_text()
+    assert '<img src="speed_vs_cpu_gb.png"' in html and "<table>" in html
+    trials = pd.read_csv(out / "trials.csv")
+    assert len(trials) == len(study.trials) == len(pd.read_parquet(out / "trials.parquet"))
+    assert trials["cpu_gb"].notna().sum() == len(study.trials)
+    assert (trials["outcome"] == "oom").sum() == 1
+
+
+def test_report_flags_more_threads_slower(threads_csv, tmp_path):
+    analysis = analyze(_study("threads", threads_csv), tmp_path)
+    (label, rows, fit, why), = analysis.fitset.threads
+    assert fit is not None and fit.extra["more_threads_slower"] and why == ""
+    md = (tmp_path / "report.md").read_text()
+    assert "More threads were slower for 1 placement(s)" in md
+    assert (tmp_path / "thread_scaling.svg").exists()
+    fits = json.loads((tmp_path / "fits.json").read_text())
+    assert fits["threads"][0]["more_threads_slower"] is True
+    assert "no successful trial has GGUF byte accounting" in fits["skipped"]["power_law"]
+
+
+def test_report_on_the_seed_data(tmp_path):
+    try:
+        results, _ = read_folder(peer_data_dir())
+    except UserError as exc:
+        pytest.skip(f"shared/peer-data is absent here: {exc}")
+    study = optuna.create_study(study_name="seed", direction="maximize")
+    add_to_study(results, study)
+    analysis = analyze(study, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    rec = md.split("## What explains the speed")[0]
+    assert "**29.12 tok/s** (median of 17 samples over 17 trial(s)" in rec
+    assert "range 25.61–29.90 tok/s (mean 28.67" in rec
+    assert "8 line(s) of the imported files were not results" in md
+    assert "NVIDIA GeForce RTX 3070" in md
+    assert analysis.importance and set(analysis.importance) >= {"n_gpu_layers", "quant"}
+    assert (tmp_path / "pareto_vram.png").exists() and (tmp_path / "importance.png").exists()
+
+
+@pytest.mark.slow
+def test_report_for_a_real_sweep_on_the_tiny_model(llama_tools, tmp_path):
+    campaign = tmp_path / "camp.yaml"
+    campaign.write_text(textwrap.dedent("""\
+        name: tiny-report
+        engine: llama-bench
+        model: synth:tiny
+        space:
+          n_gpu_layers: [0, 99]
+          n_cpu_moe: {low: 0, high: 4}
+          threads: {low: 1, high: 2}
+        budget: {trials: 4}
+        measure: {n_prompt: 16, n_gen: 4, repetitions: 3, timeout_s: 120}
+        sampler: {name: random, seed: 0}
+        """))
+    env = {**os.environ, "AUTOINFER_LLAMA_BIN": str(llama_tools.bin_dir)}
+    sweep = subprocess.run([*CLI, "sweep", str(campaign), "--quiet"], capture_output=True, text=True, env=env)
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    done = subprocess.run([*CLI, "analyze", "--study", "tiny-report"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "results" / "tiny-report" / "report"
+    trials = pd.read_csv(out / "trials.csv")
+    assert len(trials) == 4 and set(trials["outcome"]) == {"ok"}
+    study = optuna.load_study(study_name="tiny-report", storage=f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}")
+    pooled: dict[str, list[float]] = {}
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        key = json.dumps({k: v for k, v in t.user_attrs["config"].items() if k != "repetitions"}, sort_keys=True)
+        pooled.setdefault(key, []).extend(t.user_attrs["tg_samples"])
+    best = max(statistics.median(v) for v in pooled.values())
+    md = (out / "report.md").read_text()
+    assert f"**{best:.2f} tok/s**" in md.split("## What explains the speed")[0]
+    assert (trials["cpu_gb"] > 0).all()  # a CPU build keeps every weight in RAM, whatever -ngl asked
+    fits = json.loads((out / "fits.json").read_text())
+    assert set(fits["fits"]) | set(fits["skipped"]) == {"power_law", "bandwidth"}
+    assert (out / "report.html").exists() and (out / "history.png").exists()

@@ -1,0 +1,182 @@
+"""Final re-measurement: interleaved fresh runs of the top configurations, a test of whether the leaders differ,
+ties resolved toward the cheaper configuration; `status` and `export` show the confirmed result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+from typer.testing import CliRunner
+
+from autoinfer.campaign import runner, store
+from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, decide, finalists
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.cli import app
+from autoinfer.errors import UserError
+from autoinfer.paths import default_storage, results_dir
+
+# ------------------------------------------------------------------------------------------------ campaign keys
+
+
+def _campaign(**keys):
+    return parse_campaign({"name": "c", "model": "m.gguf", **keys})
+
+
+def test_confirm_defaults():
+    c = _campaign()
+    assert (c.confirm.enabled, c.confirm.top_k, c.confirm.rounds, c.confirm.alpha, c.confirm.test) == (
+        True, 3, 5, 0.05, "mannwhitney")
+
+
+@pytest.mark.parametrize("key,value", [("top_k", 1), ("rounds", 1), ("alpha", 0.0), ("test", "ks"),
+                                       ("rounds", "many"), ("extra", 1)])
+def test_bad_confirm_value_names_the_key(key, value):
+    with pytest.raises(UserError, match=rf"confirm\.{key}"):
+        _campaign(confirm={key: value})
+
+
+# ------------------------------------------------------------------------------------------------ the decision
+
+
+def test_clear_winner_is_not_a_tie():
+    scores = {0: [100.0, 101.0, 99.0, 100.5, 100.2], 1: [80.0, 81.0, 79.0, 80.5, 80.2]}
+    verdict = decide(scores, {0: 5000.0, 1: 3000.0}, alpha=0.05, test="mannwhitney")
+    assert verdict["leader"] == 0 and verdict["recommended"] == 0 and not verdict["tie"]
+    assert verdict["comparisons"][0]["differ_holm"] is True
+
+
+def test_indistinguishable_leaders_are_a_tie_and_the_cheaper_one_is_recommended():
+    scores = {0: [100.0, 97.0, 103.0, 99.0, 101.5], 1: [99.0, 102.0, 98.0, 100.0, 101.0],
+              2: [60.0, 61.0, 59.0, 60.5, 60.2]}
+    verdict = decide(scores, {0: 9000.0, 1: 4000.0, 2: 1000.0}, alpha=0.05, test="mannwhitney")
+    assert verdict["tie"] and set(verdict["tied_with"]) == {1 if verdict["leader"] == 0 else 0}
+    assert verdict["recommended"] == 1  # least memory among the tied leaders; 2 is cheaper but slower
+    assert {c["trial"]: c["differ_holm"] for c in verdict["comparisons"]}[2] is True
+
+
+def test_finalist_without_two_successful_runs_is_not_judged():
+    verdict = decide({0: [10.0, 11.0, 12.0, 10.5], 1: [50.0]}, {0: 1.0, 1: 1.0}, alpha=0.05, test="welch")
+    assert verdict["leader"] == 0 and verdict["comparisons"] == []
+    assert decide({0: []}, {0: 1.0}, alpha=0.05, test="welch")["recommended"] is None
+
+
+def test_finalists_are_distinct_feasible_and_not_drift_flagged(tmp_path):
+    study = optuna.create_study(direction="maximize")
+    dist = {"threads": CategoricalDistribution([1, 2, 3, 4])}
+
+    def add(threads: int, tg: float, outcome: str = "ok") -> None:
+        study.add_trial(create_trial(
+            params={"threads": threads}, distributions=dist, value=tg, state=TrialState.COMPLETE,
+            user_attrs={"outcome": outcome, "tg_samples": [tg], "config": {"model": "m", "threads": threads}}))
+
+    add(1, 50.0)
+    add(2, 90.0)
+    add(2, 95.0)  # same configuration as the one before: one finalist
+    add(3, 99.0)  # flagged by the drift anchor below
+    add(4, 200.0, outcome="crash")
+    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [3])
+    chosen = finalists(study, {"tg": 1.0}, top_k=3)
+    assert [t.number for t in chosen] == [2, 0]
+
+
+# ------------------------------------------------------------------------------------------------ real runs
+
+
+@pytest.fixture(scope="module")
+def small_model() -> Path:
+    from autoinfer.model.synth import cached_model
+
+    return cached_model("small", "Q8_0")
+
+
+def _two_model_campaign(llama_tools, tiny: Path, small: Path, **extra):
+    return parse_campaign({
+        "name": "confirm-e2e",
+        "engine_options": {"llama_bin": str(llama_tools.bin_dir)},
+        "model": [str(tiny), str(small)],
+        "space": {"n_gpu_layers": 0, "threads": 2},
+        "budget": {"trials": 2},
+        "measure": {"n_prompt": 0, "n_gen": 8, "repetitions": 3, "timeout_s": 120, "max_cv": None},
+        "drift": {"every": None},
+        "idle": {"policy": "off"},
+        **extra,
+    })
+
+
+@pytest.mark.slow
+def test_interleaved_confirmation_in_fresh_processes_and_status_export(llama_tools, tiny_model, small_model):
+    """tiny (9 MB) vs small (128 MB) synthetic models: the small one is several times slower per token, so the
+    confirmed leader must be the tiny one; the runs alternate and each is its own llama-bench process."""
+    campaign = _two_model_campaign(llama_tools, tiny_model, small_model, confirm={"top_k": 2, "rounds": 4})
+    study = runner.open_study(campaign, campaign.name, default_storage())
+    for model in (str(tiny_model), str(small_model)):  # both configurations are measured once
+        study.enqueue_trial({"model": model})
+    result = runner.sweep(campaign, progress=False)
+    by_model = {t.params["model"]: t.number for t in result.study.trials}
+    assert set(by_model) == {str(tiny_model), str(small_model)}
+
+    record = result.study.user_attrs[CONFIRMED_ATTR]
+    runs = record["runs"]
+    assert len(runs) == 8 and all(r["outcome"] == "ok" for r in runs)
+    for r in range(4):  # every round runs each finalist once, the order rotating: A B, B A, A B, B A
+        order = [x["trial"] for x in runs if x["round"] == r]
+        assert sorted(order) == sorted(by_model.values())
+    assert [x["trial"] for x in runs[:2]] == [x["trial"] for x in runs[2:4]][::-1]
+    folders = sorted((results_dir() / "confirm-e2e" / "confirm").iterdir())
+    assert len(folders) == 8
+    assert all("llama-bench" in (f / "command.txt").read_text() for f in folders)
+    assert record["leader"] == by_model[str(tiny_model)]
+    assert all(len(f["scores"]) == 4 for f in record["finalists"])
+
+    best = confirmed_best(result.study)
+    assert best is not None and best.trial.number == record["recommended"]
+    assert best.value == next(f["median"] for f in record["finalists"] if f["trial"] == record["recommended"])
+
+    cli = CliRunner()
+    status = cli.invoke(app, ["status", "--study", "confirm-e2e"], terminal_width=200)
+    assert status.exit_code == 0, status.output
+    assert "confirmed" in status.output and f"trial {record['recommended']}" in status.output
+    exported = cli.invoke(app, ["export", "--study", "confirm-e2e", "--format", "json"])
+    assert exported.exit_code == 0, exported.output
+    data = json.loads(exported.output)
+    assert data["trial"] == record["recommended"] and data["confirmed"]["runs"] == runs
+
+
+@pytest.mark.slow
+def test_too_few_rounds_is_reported_as_a_tie_and_the_cheaper_one_recommended(llama_tools, tiny_model, small_model):
+    """Three runs per side can never differ at alpha=0.05 (Mann-Whitney): whatever the speeds, that is a tie,
+    and the configuration with the smaller memory peak (the 9 MB model) is recommended."""
+    campaign = _two_model_campaign(llama_tools, tiny_model, small_model,
+                                   confirm={"enabled": False, "top_k": 2, "rounds": 3})
+    study = runner.open_study(campaign, campaign.name, default_storage())
+    for model in (str(tiny_model), str(small_model)):
+        study.enqueue_trial({"model": model})
+    first = runner.sweep(campaign, progress=False)
+    assert CONFIRMED_ATTR not in first.study.user_attrs  # confirm.enabled false: nothing at the end
+
+    cli = CliRunner()  # `autoinfer sweep --confirm` on the finished study: no new trial, only the confirmation
+    result = cli.invoke(app, ["sweep", str(_write(campaign)), "--confirm", "--quiet"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    study = store.load_study("confirm-e2e", None)
+    record = study.user_attrs[CONFIRMED_ATTR]
+    assert len(study.trials) == 2 and len(record["runs"]) == 6
+    assert record["tie"] and all(c["p_value"] >= 0.1 for c in record["comparisons"])
+    tiny_trial = next(t.number for t in study.trials if t.params["model"] == str(tiny_model))
+    assert record["recommended"] == tiny_trial
+    assert "tie between trials" in result.output
+    status = cli.invoke(app, ["status", "--study", "confirm-e2e"], terminal_width=200)
+    assert "tie between trials" in status.output
+
+
+def _write(campaign) -> Path:
+    import yaml
+
+    data = json.loads(campaign.model_dump_json(exclude={"source"}))
+    path = results_dir() / "campaign.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path

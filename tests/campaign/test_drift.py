@@ -1,0 +1,118 @@
+"""The drift anchor on the real llama-bench: a planted CPU load (inject_load) slows the anchor, the trials measured
+under it are flagged, kept out of the best and queued again; noisy trials are measured twice."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from autoinfer.campaign import runner, store
+from autoinfer.campaign.drift import DRIFT_ATTR, flagged_trials
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.cli import app
+from autoinfer.errors import UserError
+
+
+def _campaign(**keys):
+    return parse_campaign({"name": "c", "model": "m.gguf", **keys})
+
+
+def test_drift_idle_and_inject_defaults():
+    c = _campaign()
+    assert (c.drift.every, c.drift.threshold, c.drift.max_backoffs, c.drift.baseline) == (10, 0.2, 3, {})
+    assert (c.idle.policy, c.idle.cpu_busy_percent) == ("warn", 50)
+    assert c.inject_load is None
+    assert (c.measure.max_cv, c.measure.rerun_noisy) == (0.15, True)
+    assert _campaign(drift={"every": None}).drift.every is None
+
+
+@pytest.mark.parametrize("keys,where", [
+    ({"drift": {"every": 0}}, r"drift\.every"),
+    ({"drift": {"threshold": 1.5}}, r"drift\.threshold"),
+    ({"drift": {"backoff_s": -1}}, r"drift\.backoff_s"),
+    ({"drift": {"baseline": {"threads": [1, 2]}}}, r"drift\.baseline"),
+    ({"idle": {"policy": "sleep"}}, r"idle\.policy"),
+    ({"idle": {"cpu_busy_percent": 150}}, r"idle\.cpu_busy_percent"),
+    ({"inject_load": {"trials": 2}}, r"inject_load\.after_trial"),
+    ({"inject_load": {"after_trial": 1, "processes": 0}}, r"inject_load\.processes"),
+    ({"measure": {"max_cv": 0}}, r"measure\.max_cv"),
+])
+def test_bad_value_names_the_key(keys, where):
+    with pytest.raises(UserError, match=where):
+        _campaign(**keys)
+
+
+def _tiny_campaign(llama_tools, tiny_model, **keys):
+    return parse_campaign({
+        "name": "drift-e2e",
+        "engine_options": {"llama_bin": str(llama_tools.bin_dir)},
+        "model": str(tiny_model),
+        "space": {"n_gpu_layers": 0, "threads": 2, "batch": [32, 64, 128, 256]},
+        "sampler": {"name": "random", "seed": 1},
+        "measure": {"n_prompt": 0, "n_gen": 16, "repetitions": 3, "timeout_s": 120, "max_cv": None},
+        "confirm": {"enabled": False},
+        "idle": {"policy": "warn"},
+        **keys,
+    })
+
+
+@pytest.mark.slow
+def test_planted_load_makes_the_anchor_drift_and_requeues_the_trials(llama_tools, tiny_model):
+    """Two busy-loop processes on this 2-core machine during trial 1 and the anchor after it: llama-bench with 2
+    threads then runs several times slower. Asserted: flags and re-queues, not ratios (other work shares the
+    machine)."""
+    campaign = _tiny_campaign(
+        llama_tools, tiny_model,
+        budget={"trials": 4},
+        drift={"every": 1, "threshold": 0.3, "backoff_s": 0, "max_backoffs": 0},
+        inject_load={"after_trial": 1, "trials": 1, "processes": 2},
+    )
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = runner.sweep(campaign, progress=False)
+    study = result.study
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # the planted load is gone
+
+    anchors = study.user_attrs[DRIFT_ATTR]["anchors"]
+    assert anchors[0]["label"] == "start" and anchors[0]["after_trial"] == 0 and not anchors[0]["drifted"]
+    under_load = next(a for a in anchors if a["after_trial"] == 1)
+    assert under_load["drifted"] and under_load["ratio"] < 0.7
+
+    flagged = flagged_trials(study)
+    assert 1 in flagged
+    retry = [t for t in study.trials if t.user_attrs.get("remeasure_of") == 1]
+    assert len(retry) == 1 and retry[0].params == study.trials[1].params
+    assert study.trials[1].user_attrs["idle"]["own_cpu_percent"] > 1  # the planted load, seen and recorded
+    best = store.best_trial(study, {"tg": 1.0})
+    assert best is not None and best.trial.number not in flagged
+    event = study.user_attrs[DRIFT_ATTR]["events"][0]
+    assert event["after_trial"] == 1 and event["flagged"] == [1]
+
+    status = CliRunner().invoke(app, ["status", "--study", "drift-e2e"], terminal_width=200)
+    assert status.exit_code == 0, status.output
+    assert "drifted" in status.output and "flagged and re-queued" in status.output
+
+
+@pytest.mark.slow
+def test_anchor_off_runs_no_anchor(llama_tools, tiny_model):
+    campaign = _tiny_campaign(llama_tools, tiny_model, budget={"trials": 1}, drift={"every": None})
+    study = runner.sweep(campaign, progress=False).study
+    assert DRIFT_ATTR not in study.user_attrs
+    assert study.trials[0].user_attrs["outcome"] == "ok"
+
+
+@pytest.mark.slow
+def test_noisy_trial_is_measured_again_and_pooled(llama_tools, tiny_model):
+    """max_cv far below any real spread: every successful trial is run a second time, both runs count."""
+    campaign = _tiny_campaign(llama_tools, tiny_model, budget={"trials": 1}, drift={"every": None},
+                              measure={"n_prompt": 0, "n_gen": 8, "repetitions": 3, "timeout_s": 120,
+                                       "max_cv": 1e-9})
+    study = runner.sweep(campaign, progress=False).study
+    t = study.trials[0]
+    noise = t.user_attrs["noise"]
+    assert noise["rerun"] and noise["first_cv"] > 1e-9 and noise["rerun_outcome"] == "ok"
+    assert len(t.user_attrs["tg_samples"]) == 6
+    assert t.user_attrs["tg_samples"][:3] == noise["first_tg_samples"]
+    assert t.user_attrs["stats"]["tg"]["n"] == 6
+    assert (store.trial_dir("drift-e2e", 0) / "first_run" / "command.txt").read_text().startswith(
+        str(llama_tools.bin_dir))

@@ -1,0 +1,98 @@
+"""GDN state snapshots give bit-identical logits to a cold run; the expert cache computes what resident experts do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_gguf):
+    from autoinfer.refengine.loader import load
+
+    return load(hf_gguf, "fp32")
+
+
+def engine(loaded, **options) -> ReferenceEngine:
+    return ReferenceEngine(*loaded, EngineOptions(**options))
+
+
+def test_shared_prefix_resumes_from_snapshot_with_identical_logits(loaded, prompt):
+    first, second = prompt[:150], prompt[:131] + prompt[-19:][::-1]  # share 131 tokens → resume at 128
+    warm = engine(loaded, snapshots=True, prefill_chunk=64)
+    warm.prefill(first)
+    assert warm.snapshots.stats.misses == 1 and warm.snapshots.stats.stored == 3  # at 64, 128 and 150
+    warm_logits, warm_state = warm.prefill(second)
+    stats = warm.snapshots.stats
+    assert stats.hits == 1 and stats.tokens_reused == 128 and stats.time_saved_s > 0
+
+    cold_logits, cold_state = engine(loaded, prefill_chunk=64).prefill(second)
+    assert torch.equal(warm_logits, cold_logits)
+    for _ in range(3):  # decoding on from the resumed state stays identical too
+        token = int(cold_logits.argmax())
+        warm_logits, cold_logits = warm.decode(token, warm_state), engine_decode(loaded, token, cold_state)
+        assert torch.equal(warm_logits, cold_logits)
+
+
+def engine_decode(loaded, token, state):
+    return engine(loaded).decode(token, state)
+
+
+def test_repeated_prompt_is_served_from_its_end_snapshot(loaded, prompt):
+    warm = engine(loaded, snapshots=True, prefill_chunk=64)
+    cold_logits, _ = warm.prefill(prompt[:100])
+    again, state = warm.prefill(prompt[:100])
+    assert torch.equal(again, cold_logits)
+    assert warm.snapshots.stats.hits == 1 and warm.snapshots.stats.tokens_reused == 100
+    assert state.position == 100
+
+
+def test_unrelated_prompt_misses(loaded, prompt):
+    warm = engine(loaded, snapshots=True, prefill_chunk=64)
+    warm.prefill(prompt[:100])
+    warm.prefill(prompt[1:101])
+    assert warm.snapshots.stats.hits == 0 and warm.snapshots.stats.misses == 2
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_expert_cache_with_few_slots_matches_resident_experts(loaded, prompt, policy, prefetch):
+    resident = engine(loaded)
+    cached = engine(loaded, expert_slots=5, cache_policy=policy, prefetch=prefetch)  # 8 experts × 4 layers exist
+    ref_logits, ref_state = resident.prefill(prompt[:70])
+    logits, state = cached.prefill(prompt[:70])  # a 70-token prefill needs all 8 experts: runs in rounds
+    assert torch.allclose(logits, ref_logits, rtol=0, atol=1e-5 * float(ref_logits.abs().max()))
+    for _ in range(8):
+        token = int(ref_logits.argmax())
+        ref_logits, logits = resident.decode(token, ref_state), cached.decode(token, state)
+        assert torch.allclose(logits, ref_logits, rtol=0, atol=1e-5 * float(ref_logits.abs().max()))
+    stats = cached.experts.stats
+    assert stats.misses > 0 and stats.hits + stats.misses > 0
+    assert 0.0 <= stats.hit_rate < 1.0
+    assert stats.bytes_fetched == stats.misses * 3 * 64 * 32 * 4 + stats.prefetched * 3 * 64 * 32 * 4
+    if prefetch:
+        assert stats.prefetched > 0
+    else:
+        assert stats.prefetched == 0 and stats.prefetch_used == 0
+
+
+def test_enough_slots_means_no_cache(loaded):
+    assert type(engine(loaded, expert_slots=32).experts).__name__ == "ResidentExperts"
+    assert type(engine(loaded, expert_slots=31).experts).__name__ == "ExpertCache"
+
+
+def test_device_budget_becomes_expert_slots(loaded):
+    from autoinfer.errors import UserError
+    from autoinfer.refengine.engine import expert_bytes, non_expert_bytes, slots_for_budget
+
+    cfg, weights = loaded
+    engine_other = engine(loaded).other_bytes
+    assert non_expert_bytes(cfg, "fp32") == engine_other  # the plan matches what the engine placed
+    each = expert_bytes(cfg, "fp32")
+    all_experts = cfg.n_layers * cfg.n_experts * each
+    assert slots_for_budget(cfg, "fp32", (engine_other + all_experts) / 2**20) == 0
+    assert slots_for_budget(cfg, "fp32", (engine_other + 10.5 * each) / 2**20) == 10
+    with pytest.raises(UserError, match="needs ≥ 2"):
+        slots_for_budget(cfg, "fp32", (engine_other + each) / 2**20)

@@ -1,0 +1,81 @@
+"""The informed search on a planted table: fewer trials than random search, predicted-infeasible records, labels,
+pruning, and llama-fit-params' answer parsed."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.informed import LABEL_ATTR, parse_fit_params
+from autoinfer.campaign.replay_cli import compare
+from autoinfer.campaign.runner import sweep
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.model.placement import layers_on_cpu
+
+from .planted import planted_table, shape_35b
+
+BUDGET = 16384
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return planted_table(tmp_path_factory.mktemp("planted"))
+
+
+def test_informed_needs_a_quarter_of_random_trials(planted):
+    results, best = compare(planted, ["random", "informed"], seeds=10, budget_mib=BUDGET, trials=40)
+    random, informed = results
+    assert informed.median * 4 <= random.median, (random.trials_needed, informed.trials_needed)
+    assert sum(n is not None for n in informed.trials_needed) >= 9
+
+
+def _campaign(planted: Path, **search) -> dict:
+    return {"name": "informed", "engine": "replay", "engine_options": {"table": str(planted)}, "model": "m",
+            "space": {"n_gpu_layers": [28, 32, 36, 41], "placement": ["first", "last", "even"],
+                      "cpu_expert_layers": {"low": 0, "high": 40, "step": 2}, "ubatch": [256, 512, 1024]},
+            "constraints": {"vram_mib": BUDGET}, "budget": {"trials": 20},
+            "search": {"fit_params": False, **search}}
+
+
+def test_sweep_records_predictions_labels_and_pruning(planted):
+    result = sweep(parse_campaign(_campaign(planted)), storage="memory", progress=False)
+    trials = result.study.get_trials(deepcopy=False)
+    outcomes = [store.outcome_of(t) for t in trials]
+    measured = [t for t in trials if store.is_finished(t)]
+    assert len(measured) == 20  # predicted-infeasible records do not use up the budget
+    skipped = [t for t in trials if store.outcome_of(t) == "predicted_infeasible"]
+    assert skipped and all("predicted" in t.user_attrs["reason"] and t.constraints == [1.0] for t in skipped)
+    assert all(t.user_attrs["predicted_mib"] > BUDGET for t in skipped)
+    labels = [t.user_attrs.get(LABEL_ATTR) for t in trials[:3]]
+    assert labels[0] == "informed: largest placement predicted to fit" and "informed: neighbour" in labels
+    first = trials[0]
+    assert first.user_attrs["vram_peak_mib"] <= BUDGET * 1.05  # the informed start sits near the edge, not over
+    assert "pruned" in outcomes  # hopeless configurations are cut after one repetition
+    assert all(len(store.samples_of(t, "tg")) == 1 for t in trials if store.outcome_of(t) == "pruned")
+    memory = result.study.user_attrs["memory_model"]["m"]
+    assert memory["trials"] >= 10 and memory["loo_median_rel_error"] < 0.05
+
+
+def test_without_skipping_the_over_budget_trials_run(planted):
+    result = sweep(parse_campaign(_campaign(planted, skip_predicted=False, informed=False, prune_below=None)),
+                   storage="memory", progress=False)
+    trials = result.study.get_trials(deepcopy=False)
+    assert not any(store.outcome_of(t) == "predicted_infeasible" for t in trials)
+    assert any(store.outcome_of(t) == "infeasible" for t in trials)
+
+
+FIT_OUTPUT = ("-c 4096 -ngl 41 -ot \"" + ",".join(
+    rf"blk\.{i}\.ffn_(up|down|gate)_(ch|)exps=CPU" for i in range(30, 40)) + "\"\n")
+
+
+def test_fit_params_answer_is_parsed_into_a_placement():
+    ngl, patterns = parse_fit_params("llama_params_fit: done\n" + FIT_OUTPUT)
+    assert ngl == 41 and len(patterns) == 10
+    assert layers_on_cpu(patterns, shape_35b().tensor_names) == frozenset(range(30, 40))
+    assert parse_fit_params("-c 512 -ngl 99\n") == (99, ())
+    with pytest.raises(ValueError):
+        parse_fit_params("error: failed to fit\n")

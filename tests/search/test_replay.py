@@ -1,0 +1,81 @@
+"""The replay engine answers trials from a table; `autoinfer replay` compares strategies on it."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from autoinfer.cli import app
+from autoinfer.engines import base
+from autoinfer.engines.base import Outcome, RunContext, TrialConfig
+from autoinfer.errors import UserError
+
+from .planted import planted_table
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return planted_table(tmp_path_factory.mktemp("planted"))
+
+
+def _config(row: pd.Series, repetitions: int = 5) -> TrialConfig:
+    return TrialConfig(model=Path("m"), n_gpu_layers=int(row.n_gpu_layers), ubatch=int(row.ubatch),
+                       repetitions=repetitions, extra=(("placement", row.placement),
+                                                       ("cpu_expert_layers", int(row.cpu_expert_layers))))
+
+
+def test_replay_reproduces_the_table(planted, tmp_path):
+    df = pd.read_csv(planted)
+    engine = base.create("replay", table=str(planted), seed=1)
+    assert engine.supported == frozenset({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
+    for index in range(0, len(df), 37):
+        row = df.iloc[index]
+        m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
+        assert m.outcome is Outcome.OK and m.metrics["replay_row"] == index and m.metrics["replay_distance"] == 0
+        samples = [float(v) for v in row.tg_samples.split()]
+        assert set(m.tg_samples) <= set(round(v, 3) for v in samples) and len(m.tg_samples) == 5
+        assert m.vram_peak_mib == row.vram_mib
+    # without samples, a row's median comes back as is; a configuration between rows gets the nearest row
+    plain = tmp_path / "plain.csv"
+    df.drop(columns=["tg_samples", "pp_samples"]).to_csv(plain, index=False)
+    engine = base.create("replay", table=str(plain))
+    off_grid = _config(df.iloc[3]).with_(extra=(("placement", df.iloc[3].placement),
+                                                 ("cpu_expert_layers", int(df.iloc[3].cpu_expert_layers) + 1)))
+    m = engine.run(off_grid, RunContext(timeout_s=1, artifacts=tmp_path))
+    assert m.metrics["replay_distance"] > 0 and statistics.median(m.tg_samples) == df.iloc[m.metrics["replay_row"]].tg
+
+
+def test_replay_prunes_on_request(planted, tmp_path):
+    engine = base.create("replay", table=str(planted))
+    row = pd.read_csv(planted).iloc[0]
+    m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path, on_first_sample=lambda v: True))
+    assert m.outcome is Outcome.PRUNED and len(m.tg_samples) == 1
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({}, "needs engine_options.table"),
+    ({"table": "/nonexistent.csv"}, "does not exist"),
+    ({"table": "T", "sed": 1}, "engine_options.sed"),
+])
+def test_bad_replay_options(planted, options, needle):
+    options = {k: (str(planted) if v == "T" else v) for k, v in options.items()}
+    with pytest.raises(UserError, match=needle):
+        base.create("replay", **options)
+
+
+def test_table_without_results_is_refused(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("ubatch,speed\n1,2\n")
+    with pytest.raises(UserError, match="no 'tg' or 'pp' column"):
+        base.create("replay", table=str(bad))
+
+
+def test_replay_command_prints_each_strategy(planted):
+    result = CliRunner().invoke(app, ["replay", str(planted), "--sampler", "random,informed", "--seeds", "2",
+                                      "--budget-mib", "16384", "--trials", "15"])
+    assert result.exit_code == 0, result.output
+    assert "random" in result.output and "informed" in result.output and "median trials" in result.output
