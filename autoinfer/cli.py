@@ -36,6 +36,10 @@ from autoinfer.model.cli import register as _model  # noqa: E402  model synth, m
 
 _model(app)
 
+from autoinfer.campaign.worker_cli import register as _worker  # noqa: E402  worker
+
+_worker(app)
+
 
 def main() -> None:
     """Entry point: UserError becomes one line on stderr and exit status 2."""
@@ -56,3 +60,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+
+
+if __name__ == "__main__":
+    main()

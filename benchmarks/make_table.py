@@ -3,8 +3,9 @@
 CPU (here):   python benchmarks/make_table.py --model synth:tiny --out benchmarks/tables/cpu-tiny.csv \
                   --grid threads=1,2 ubatch=32,64,128 flash_attn=on,off type_k=f16,q8_0 --fixed n_gpu_layers=0
 GPU (H100):   python benchmarks/make_table.py --model synth:35b-a3b/Q4_K --out benchmarks/tables/h100-35b.csv \
-                  --grid placement=first,last,even cpu_expert_layers=0-40+4 ubatch=512,1024 \
-                  --fixed n_gpu_layers=99 flash_attn=on threads=16 --max-minutes 7
+                  --grid n_gpu_layers=99 placement=first,last,even cpu_expert_layers=0-40+5 ubatch=512,1024 \
+                  --fixed flash_attn=on threads=16 --n-prompt 512 --n-gen 64 --max-minutes 7 --resume
+              (run it again until it reports every row; --resume keeps the rows already measured)
 
 Every row is one engine run (one process), in a shuffled order so drift does not line up with a parameter; the
 table keeps each row's repetitions so replay can draw from its noise.
@@ -17,11 +18,13 @@ import itertools
 import json
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from autoinfer.campaign.hardware import measured_gpu
 from autoinfer.campaign.models import resolve_model
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--max-minutes", type=float, default=None, help="stop starting rows after this long")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and measure the rest")
     args = ap.parse_args(argv)
 
     model = Path(resolve_model(args.model))
@@ -68,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(args.seed).shuffle(points)
     engine = base.create(args.engine)
     engine.check()
-    rows = []
+    gpu = measured_gpu()  # device memory is sampled on this GPU; None on CPU-only machines
+    scratch = Path(tempfile.mkdtemp(prefix="make-table-"))
+    rows = pd.read_csv(args.out).to_dict("records") if args.resume and args.out.is_file() else []
+    done = {tuple(str(r.get(n)) for n in names) for r in rows}
+    points = [p for p in points if tuple(str(v) for v in p) not in done]
     started = time.monotonic()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i, point in enumerate(points):
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         params = {**fixed, **dict(zip(names, point)), "model": str(model), "n_prompt": args.n_prompt,
                   "n_gen": args.n_gen, "repetitions": args.repetitions}
         config = realize(TrialConfig.from_params(params), shape.n_layers)
-        m = engine.run(config, RunContext(timeout_s=args.timeout, artifacts=args.out.parent / ".make_table"))
+        m = engine.run(config, RunContext(timeout_s=args.timeout, artifacts=scratch, gpu_index=gpu))
         row = {**dict(zip(names, point)), "tg": m.tg, "pp": m.pp, "vram_mib": m.vram_peak_mib,
                "rss_mib": m.rss_peak_mib, "tg_samples": " ".join(f"{v:.4g}" for v in m.tg_samples),
                "pp_samples": " ".join(f"{v:.4g}" for v in m.pp_samples), "outcome": m.outcome.value,

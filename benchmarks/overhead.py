@@ -36,7 +36,6 @@ from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import RunContext, TrialConfig, create
 from autoinfer.engines.llama_bench import measurement_from_json
 
-
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -100,8 +99,9 @@ def main() -> None:
                 else:
                     trial = study.ask()
                     started = time.monotonic()
-                    ctx = RunContext(timeout_s=600, artifacts=Path(tmp) / str(trial.number))
-                    m = guard.measure(trial, config, lambda: engine.run(config, ctx))
+                    ctx = RunContext(timeout_s=600, artifacts=Path(tmp) / str(trial.number),
+                                     gpu_index=guard.gpu_index)  # device memory sampled, as in a sweep
+                    m = guard.measure(trial, config, lambda c=config, x=ctx: engine.run(c, x))
                     wall = time.monotonic() - started
                     study.tell(trial, m.tg or 0.0)
                     if not m.ok:
@@ -150,7 +150,7 @@ def report(raw: list[dict], args: argparse.Namespace) -> None:
         tpj = [r["tokens_per_joule"] for r in harness if r["tokens_per_joule"]]
         ok &= overhead is not None and overhead <= 1.15
         ok &= all(x is None or abs(x - 1) <= 0.03 for x in (tg, pp))
-        fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+        fmt = lambda x: "—" if x is None else f"{x:.3f}"
         print(" | ".join([str(c["ngl"]), str(c["ncmoe"]), str(c["threads"]), f"{plain_wall:.2f}",
                           f"{harness_wall:.2f}", f"{idle_s:.2f}", fmt(overhead), fmt(overhead_run), fmt(tg),
                           fmt(pp), f"{share:.2f}", fmt(statistics.median(tpj)) if tpj else "—"]))

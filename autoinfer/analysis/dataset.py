@@ -207,6 +207,8 @@ def trial_row(t: FrozenTrial) -> dict[str, Any]:
         "source_file": t.user_attrs.get("source_file", ""),
         "source_line": t.user_attrs.get("source_line"),
         "label": t.user_attrs.get("label", ""),
+        "hardware_class": (t.user_attrs.get("host") or {}).get("hardware_class", ""),  # campaign.hardware
+        "hostname": (t.user_attrs.get("host") or {}).get("hostname", ""),
         **_flat_env(t.user_attrs.get("env") or {}),
     }
     return row

@@ -173,7 +173,8 @@ class DriftAnchor:
         if not self.enabled:
             return
         anchors = self.state["anchors"]
-        due = not anchors or sum(1 for t in self._finished() if t.number > anchors[-1]["after_trial"]) >= self.spec.every
+        since = sum(1 for t in self._finished() if anchors and t.number > anchors[-1]["after_trial"])
+        due = not anchors or since >= self.spec.every
         if not due:
             return
         if self._reference() is None:  # no successful anchor yet: this one becomes the reference

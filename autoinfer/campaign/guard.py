@@ -24,15 +24,16 @@ from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure import environment, idle
-from autoinfer.measure.gpu import list_gpus
 from autoinfer.measure.stats import summarize
 from autoinfer.paths import trial_dir
 
 
 def default_gpu() -> int | None:
-    """The GPU whose state is recorded: the first one, or None on a CPU-only machine."""
-    gpus = list_gpus()
-    return gpus[0].index if gpus else None
+    """The GPU whose state is recorded: the first one this worker sees (CUDA_VISIBLE_DEVICES), or None on a
+    CPU-only machine."""
+    from autoinfer.campaign.hardware import measured_gpu
+
+    return measured_gpu()
 
 
 def sample_stats(m: Measurement) -> dict[str, Any]:
@@ -166,7 +167,7 @@ class TrialGuard:
         if force_confirm or (self.campaign.confirm.enabled and previous.get("after_trials") != finished):
             confirm(self.study, self.campaign, self.extra_run, self.note)
 
-    def __enter__(self) -> "TrialGuard":
+    def __enter__(self) -> TrialGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,9 +17,18 @@ from autoinfer.errors import UserError
 from autoinfer.model.quality import DEFAULT_CORPUS, Quality, QualitySettings, load_quality, measure_quality
 
 
+def _path(campaign: Campaign, value: str) -> Path:
+    """Relative paths in a campaign file are relative to the file, like its model paths."""
+    path = Path(value)
+    if not path.is_absolute() and campaign.source and Path(campaign.source).is_file():
+        path = Path(campaign.source).parent / path
+    return path.resolve()
+
+
 def settings_of(campaign: Campaign) -> QualitySettings:
     q = campaign.quality
-    return QualitySettings(corpus=Path(q.corpus) if q.corpus else DEFAULT_CORPUS, ctx=q.ctx, chunks=q.chunks)
+    return QualitySettings(corpus=_path(campaign, q.corpus) if q.corpus else DEFAULT_CORPUS, ctx=q.ctx,
+                           chunks=q.chunks)
 
 
 def prepare(campaign: Campaign, models: dict[str, str]) -> dict[str, Quality]:
@@ -34,7 +43,7 @@ def prepare(campaign: Campaign, models: dict[str, str]) -> dict[str, Quality]:
         raise UserError("constraints.max_kld and objective kld compare model files: list the quantization ladder "
                         "under model: (see `autoinfer model quantize`) or set quality.reference")
     measured = measure_quality([Path(f) for f in files], settings_of(campaign),
-                               reference=Path(reference) if reference else None)
+                               reference=_path(campaign, reference) if reference else None)
     return {str(path): q for path, q in measured.items()}
 
 

@@ -24,6 +24,9 @@ from autoinfer.errors import UserError
 
 STRATEGIES = ("random", "tpe", "informed")
 TARGET = 0.98
+# A table needs no machine hygiene: no idle wait, no drift anchor, no confirmation runs, no re-run of noisy rows.
+OFFLINE = {"idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
+           "measure": {"rerun_noisy": False}}
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
                     "sampler": {"name": "random" if strategy == "random" else "tpe", "seed": seed},
                     "search": {"informed": strategy == "informed", "skip_predicted": strategy == "informed",
                                "fit_params": False, "prune_below": 0.5 if strategy == "informed" else None},
+                    **OFFLINE,
                 }, str(table))
                 result = sweep(campaign, storage=MEMORY_STORAGE, progress=False)
                 n, skip = _trials_to_target(result.study, target, TARGET * best)

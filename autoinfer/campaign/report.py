@@ -50,7 +50,8 @@ def print_status(console: Console, study: optuna.Study) -> None:
             table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
     best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
     confirmed = study.user_attrs.get(CONFIRMED_ATTR)
-    table.add_row("confirmed", summary(confirmed) if confirmed else "not yet (runs when the trial budget is spent)")
+    table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed['after_trials']} trials)"
+                  if confirmed else "not yet (runs when the trial budget is spent)")
     if (drift := status_line(study)) is not None:
         table.add_row("drift anchor", drift)
     if best is None:
@@ -70,7 +71,8 @@ def _params(params: dict) -> str:
 
 def _memory(t: optuna.trial.FrozenTrial) -> str:
     vram, rss = t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib")
-    return f"VRAM {vram:.0f} MiB, RSS {rss:.0f} MiB" if vram else f"RSS {rss:.0f} MiB" if rss else "not measured"
+    parts = [f"{name} {value:.0f} MiB" for name, value in (("VRAM", vram), ("RSS", rss)) if value]
+    return ", ".join(parts) or "not measured"
 
 
 def print_recommendation(console: Console, study: optuna.Study, campaign) -> None:

@@ -11,13 +11,14 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign import pareto, quality_gate, store
+from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, store, worker
 from autoinfer.campaign.guard import TrialGuard
 from autoinfer.campaign.informed import SearchAid
 from autoinfer.campaign.models import resolve_models
@@ -74,7 +75,7 @@ def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
 
 def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
     """Create the study, or resume it if it exists and was made by the same campaign."""
-    storage = store.storage_for(url)
+    storage = worker.storage_for(url, campaign.workers)
     study = optuna.create_study(
         study_name=name, storage=storage, directions=pareto.directions(campaign), sampler=make_sampler(campaign),
         load_if_exists=True
@@ -91,17 +92,23 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
     return study
 
 
-def reclaim_stale(study: optuna.Study) -> int:
-    """Fail the trials a dead process left RUNNING and queue their configurations again."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+def reclaim_stale(study: optuna.Study, stale: list[optuna.trial.FrozenTrial] | None = None) -> int:
+    """Fail the trials a dead process left RUNNING (all of them, or `stale`: those whose heartbeat stopped on a
+    shared storage) and queue their configurations again."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if stale is None else stale
     storage = study._storage
+    requeued = 0
     for t in stale:
-        storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
-        storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
-        storage.set_trial_user_attr(t._trial_id, "reason", "the sweep process died while this trial ran; re-queued")
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        try:
+            storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
+            storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
+            storage.set_trial_user_attr(t._trial_id, "reason", "the sweep process died while this trial ran; re-queued")
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it after all
+            continue
         study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
-    return len(stale)
+        requeued += 1
+    return requeued
 
 
 def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Measurement) -> None:
@@ -142,6 +149,7 @@ def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, stud
     from autoinfer.paths import trial_dir
 
     ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=trial_dir(study_name, number),
+                     gpu_index=hardware.measured_gpu(),
                      on_first_sample=on_first_sample)
     started = time.monotonic()
     try:
@@ -159,7 +167,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     """Run (or resume) a campaign until its trial or wall-time budget is spent, then confirm the top
     configurations (campaign key confirm; `confirm=True` re-confirms even when no trial ran since the last time)."""
     budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
-    campaign = campaign.model_copy(update={"budget": budget})
+    campaign = hardware.multi_gpu_space(campaign.model_copy(update={"budget": budget}))
     name = study_name or campaign.name
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
@@ -170,8 +178,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     dists = distributions(campaign)
 
     with sqlite_single_worker(url, name):
-        study = open_study(campaign, name, url)
-        requeued = reclaim_stale(study)
+        with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim
+            study = open_study(campaign, name, url)
+            machine = hardware.bind(study)
+            requeued = reclaim_stale(study, worker.stale_trials(study))
         aid = SearchAid.create(campaign, engine, models)
         aid.enqueue_start(study, dists)
         aid.after_run(study)
@@ -181,12 +191,17 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         session_start = time.monotonic()
         ran = 0
         with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
-                TrialGuard(study, campaign, engine, view.note) as guard:
+                TrialGuard(study, campaign, engine, view.note) as guard, \
+                worker.SharedBudget(study, budget.trials, machine, view.note) as gate:
+            host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
             while len(done) + ran < budget.trials:
                 if budget.wall_s is not None and spent_s + time.monotonic() - session_start >= budget.wall_s:
                     view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
                     break
-                trial = study.ask(dists)
+                trial = gate.ask(dists)
+                if trial is None:
+                    view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
+                    break
                 params: dict[str, Any] = suggest(trial, dists)
                 config = aid.realize(to_config(campaign, params, models), trial)
                 trial.set_user_attr("config", config.to_params())
@@ -201,12 +216,17 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                         break
                     continue
                 skips = 0
-                m = guard.measure(trial, config, lambda: run_trial(engine, config, campaign, name, trial.number,
-                                                                    aid.pruner(study, config)))
+                with host:
+                    m = guard.measure(trial, config, partial(run_trial, engine, config, campaign, name, trial.number,
+                                                             aid.pruner(study, config)))
+                trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
                 record(study, trial, campaign, m)
                 aid.after_run(study)
                 ran += 1
                 view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
-                guard.after_trial(trial.number)
-            guard.finish(force_confirm=confirm)
+                with host:  # the drift anchor measures too
+                    guard.after_trial(trial.number)
+            with host, worker.serialized(study):
+                if worker.last_to_finish(study, view.note):  # confirm once, on the complete ranking
+                    guard.finish(force_confirm=confirm)
     return SweepResult(study, campaign, store.best_trial(study, campaign.objective_weights()), ran)

@@ -144,6 +144,25 @@ class InjectLoad(_Strict):
     processes: int = Field(2, ge=1)
 
 
+class Workers(_Strict):
+    """Several workers on one study (autoinfer.campaign.worker): liveness of their trials and host sharing."""
+
+    allow_concurrent_on_host: bool = False  # true: workers on one machine measure at the same time (hostlock)
+    heartbeat_s: int = Field(10, ge=1)  # a running trial's heartbeat period on a shared (PostgreSQL) storage
+    grace_s: int | None = Field(None, ge=1)  # no heartbeat for this long: the trial is failed and re-queued
+
+    @model_validator(mode="after")
+    def _grace(self) -> "Workers":
+        if self.grace_s is not None and self.grace_s <= self.heartbeat_s:
+            raise ValueError(f"grace_s ({self.grace_s}) must be longer than heartbeat_s ({self.heartbeat_s})")
+        return self
+
+    @property
+    def grace(self) -> int:
+        """Default: three missed heartbeats."""
+        return self.grace_s if self.grace_s is not None else 3 * self.heartbeat_s
+
+
 class Campaign(_Strict):
     """A validated campaign. `space` maps parameter names to a fixed value, a list (categorical) or a range."""
 
@@ -163,6 +182,7 @@ class Campaign(_Strict):
     drift: Drift = Drift()
     idle: Idle = Idle()
     inject_load: InjectLoad | None = None
+    workers: Workers = Workers()
     source: str | None = None  # the file it came from, for messages
 
     @field_validator("model", mode="before")
@@ -258,6 +278,10 @@ _BENCH_KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_strict": (lambda v: v in (0, 1), "0, 1, true or false"),
     "delay": (_int_in(0, None), "a whole number of seconds, 0 or more"),
     "poll": (_int_in(0, 100), "an integer from 0 to 100"),
+    "split_mode": (lambda v: v in ("none", "layer", "row", "tensor"), "none, layer, row or tensor"),
+    "tensor_split": (lambda v: isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)?(/\d+(\.\d+)?)+", v) is not None,
+                     'a quoted share per GPU separated by "/", such as "3/1"'),
+    "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
 }
 
 

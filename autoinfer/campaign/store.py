@@ -33,7 +33,9 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage:
     if url == MEMORY_STORAGE:
         return optuna.storages.InMemoryStorage()
     try:
-        return optuna.storages.RDBStorage(url)
+        from autoinfer.campaign.worker import driver_url
+
+        return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
         raise UserError(f"cannot open storage {url!r}: {exc}") from None
     except Exception as exc:  # sqlalchemy connection errors

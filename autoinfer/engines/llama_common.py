@@ -132,9 +132,12 @@ class _Args:
 
 
 BENCH_EXTRAS = {"prio": "--prio", "cpu_mask": "-C", "cpu_strict": "--cpu-strict", "delay": "--delay",
-                "poll": "--poll"}
+                "poll": "--poll", "split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg"}
+#: Several GPUs (autoinfer.campaign.hardware.multi_gpu_space); tensor_split is written "3/1" as llama-bench takes it.
+MULTI_GPU_EXTRAS = {"split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg"}
 #: llama.cpp defaults of the extras, so a build lacking the flag still runs a campaign that leaves them alone.
-_BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "delay": 0, "poll": 50}
+_BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "delay": 0, "poll": 50,
+                         "split_mode": "layer", "tensor_split": None, "main_gpu": 0}
 
 
 def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
@@ -218,5 +221,9 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
                 raise UserError(f"this llama-server build has neither -lm nor {flag}, needed for "
                                 f"load_mode={config.load_mode!r}; build a newer llama.cpp (`autoinfer build`)")
             a.argv.append(flag)
+    for name, flag in MULTI_GPU_EXTRAS.items():  # llama-server separates the tensor split with commas
+        value = config.get(name)
+        if value is not None:
+            a.add(flag, str(value).replace("/", ","), name=name)
     a.add("-c", server_context(config), name="ctx_size")
     return a.argv

@@ -149,5 +149,5 @@ def _factory(**options: Any) -> ReplayEngine:
         raise UserError("engine 'replay' needs engine_options.table: the CSV of measured configurations")
     unknown = set(options) - {"table", "seed", "match"}
     if unknown:
-        raise UserError(f"engine_options.{sorted(unknown)[0]}: engine 'replay' takes only table, seed and match")
+        raise UserError(f"engine_options.{min(unknown)}: engine 'replay' takes only table, seed and match")
     return ReplayEngine(**options)

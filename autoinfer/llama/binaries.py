@@ -77,7 +77,7 @@ def parse_help_flags(text: str) -> frozenset[str]:
 def _run_text(argv: list[str]) -> str:
     """stdout+stderr of a short informational call (--help, --version); llama.cpp prints these on either stream."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"cannot run {argv[0]} ({exc}); check that it is a working llama.cpp binary") from exc
     return done.stdout + done.stderr
@@ -87,7 +87,7 @@ def user_tools(folder: Path) -> Tools:
     """Describe binaries the user built: commit from `--version`, CUDA from the libraries or the binary itself."""
     bin_dir = Path(folder).expanduser().resolve()
     if not bin_dir.is_dir():
-        raise UserError(f"llama.cpp binary folder {bin_dir} does not exist; pass --llama-bin DIR with llama-bench in it")
+        raise UserError(f"llama.cpp binary folder {bin_dir} does not exist; pass --llama-bin DIR holding llama-bench")
     present = [name for name in TOOL_NAMES if (bin_dir / name).is_file()]
     if not present:
         raise UserError(

@@ -125,7 +125,7 @@ def _download_sdist(src_root: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=src_root) as tmp:
             argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
-            done = subprocess.run(argv, capture_output=True, text=True)
+            done = subprocess.run(argv, check=False, capture_output=True, text=True)
             fetched = Path(tmp) / archive.name
             if done.returncode != 0 or not fetched.is_file():
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -166,7 +166,7 @@ def source_identity(source: Path) -> tuple[str, str]:
     if git and _git(git, source, "rev-parse", "--show-toplevel") == str(source):
         commit = _git(git, source, "rev-parse", "--short", "HEAD")
         if _git(git, source, "status", "--porcelain", "--untracked-files=no"):
-            diff = subprocess.run([git, "diff", "HEAD"], cwd=source, capture_output=True).stdout
+            diff = subprocess.run([git, "diff", "HEAD"], check=False, cwd=source, capture_output=True).stdout
             return f"{commit}-dirty", hashlib.sha256(diff).hexdigest()
         return commit, ""
     digest = hashlib.sha256()
@@ -180,12 +180,13 @@ def source_identity(source: Path) -> tuple[str, str]:
 
 
 def _git(git: str, cwd: Path, *args: str) -> str:
-    done = subprocess.run([git, *args], cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run([git, *args], check=False, cwd=cwd, capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _cuda_compiler() -> Path:
-    for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    for candidate in (shutil.which("nvcc"), os.path.join(cuda_home, "bin", "nvcc")):
         if candidate and os.access(candidate, os.X_OK):
             return Path(candidate)
     raise UserError("--cuda needs the CUDA toolkit (nvcc not on PATH nor in $CUDA_HOME/bin); install it or drop --cuda")
@@ -262,11 +263,12 @@ def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], 
     if cuda:
         defines.append(f"-DCMAKE_CUDA_COMPILER={_cuda_compiler()}")
     started = time.time()
+    variant = f"CUDA {cuda_arch}" if cuda else "CPU"
     with log_path.open("w") as log:
         _run_logged([str(cmake), "-S", str(source), "-B", str(tree), "-G", "Ninja", *defines], env, log, log_path,
                     "configure", console, None)
         _run_logged([str(cmake), "--build", str(tree), "--target", *TOOL_NAMES, "-j", str(os.cpu_count() or 1)],
-                    env, log, log_path, "build", console, f"llama.cpp {commit} ({'CUDA ' + cuda_arch if cuda else 'CPU'})")
+                    env, log, log_path, "build", console, f"llama.cpp {commit} ({variant})")
     missing = [name for name in TOOL_NAMES if not (tree / "bin" / name).is_file()]
     if missing:
         raise UserError(f"the build finished without {', '.join(missing)}; see the log {log_path}")

@@ -102,5 +102,5 @@ def guard(policy: str, *, cpu_busy: float, wait_s: float, poll_s: float = 2.0,
         "policy": policy,
         "busy": seen.busy,
         "waited_s": round(time.monotonic() - started, 3),
-        **{k: v for k, v in asdict(seen).items()},
+        **asdict(seen),
     }

@@ -5,8 +5,9 @@ A trial must never outlive its budget or the harness, and its memory peaks decid
   included, also after the child exited on its own;
 - PR_SET_PDEATHSIG makes the kernel SIGKILL the child when the harness dies, even by SIGKILL;
 - stdout and stderr go to unlinked temporary files, so a chatty child never blocks on a full pipe;
-- a sampler thread records RSS of the child tree and device memory at `sample_hz`; the kernel's own peak RSS of
-  the child (wait4 rusage) is folded in, so a spike between two samples is not missed.
+- a sampler thread records RSS of the child tree and device memory at `sample_hz`, and the kernel's high-water
+  mark of the child's resident memory (VmHWM), so a spike between two samples is not missed. (Not wait4's
+  ru_maxrss: it counts the harness's own pages, which the forked child held until exec.)
 """
 
 from __future__ import annotations
@@ -105,6 +106,18 @@ def _rss_mib(pids: list[int]) -> float:
     return total / _MIB
 
 
+def _high_water_mib(pid: int) -> float | None:
+    """Peak resident memory of one process since its exec (VmHWM); None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 class IsolatedProcess:
     """A long-running measured child (llama-server) with the isolation of `run_isolated`.
 
@@ -134,8 +147,7 @@ class IsolatedProcess:
         self._samples: list[Sample] = []
         self._rss_peak: float | None = None
         self._vram_peak: float | None = None
-        self._kernel_rss_peak: float | None = None
-        self._status: int | None = None
+        self._hwm_peak: float | None = None
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
         self._started = 0.0
@@ -187,12 +199,12 @@ class IsolatedProcess:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._ended is None and not self._exited(0)
+        return self._proc is not None and not self._exited(0)
 
     @property
     def peaks(self) -> Peaks:
-        """Peaks so far (RSS includes the kernel's figure once the child has been reaped)."""
-        rss = max((v for v in (self._rss_peak, self._kernel_rss_peak) if v is not None), default=None)
+        """Peaks so far: the larger of the sampled tree RSS and the child's own high-water mark."""
+        rss = max((v for v in (self._rss_peak, self._hwm_peak) if v is not None), default=None)
         return Peaks(rss, self._vram_peak)
 
     @property
@@ -284,17 +296,8 @@ class IsolatedProcess:
             pass
 
     def _reap(self) -> None:
-        """wait4 gives the child's kernel-measured peak RSS (ru_maxrss, KiB) along with its status."""
         assert self._proc is not None
-        if self._proc.returncode is not None:
-            return
-        try:
-            _, status, usage = os.wait4(self._proc.pid, 0)
-        except ChildProcessError:  # reaped elsewhere (subprocess's own bookkeeping)
-            self._proc.wait()
-            return
-        self._proc.returncode = os.waitstatus_to_exitcode(status)
-        self._kernel_rss_peak = usage.ru_maxrss / 1024
+        self._proc.wait()
 
     def _sample_loop(self) -> None:
         while not self._stop_sampling.wait(self._interval):
@@ -306,6 +309,9 @@ class IsolatedProcess:
         assert self._proc is not None
         pids = [self._proc.pid, *_descendants(self._proc.pid)]
         rss = _rss_mib(pids)
+        hwm = _high_water_mib(self._proc.pid)
+        if hwm is not None:
+            self._hwm_peak = max(hwm, self._hwm_peak or 0.0)
         vram = self._probe.read(set(pids)) if self._probe is not None else None
         self._samples.append(Sample(time.monotonic() - self._started, rss, vram))
         if rss > 0:

@@ -64,7 +64,12 @@ def _wait_healthy(root: psutil.Process, deadline_s: float = 60) -> tuple[psutil.
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         for proc in _servers(root):
-            argv = proc.cmdline()
+            try:
+                argv = proc.cmdline()
+            except psutil.Error:
+                continue
+            if "--port" not in argv:  # between fork and exec
+                continue
             port = int(argv[argv.index("--port") + 1])
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:

@@ -28,16 +28,13 @@ def test_shared_prefix_resumes_from_snapshot_with_identical_logits(loaded, promp
     stats = warm.snapshots.stats
     assert stats.hits == 1 and stats.tokens_reused == 128 and stats.time_saved_s > 0
 
-    cold_logits, cold_state = engine(loaded, prefill_chunk=64).prefill(second)
+    cold = engine(loaded, prefill_chunk=64)
+    cold_logits, cold_state = cold.prefill(second)
     assert torch.equal(warm_logits, cold_logits)
     for _ in range(3):  # decoding on from the resumed state stays identical too
         token = int(cold_logits.argmax())
-        warm_logits, cold_logits = warm.decode(token, warm_state), engine_decode(loaded, token, cold_state)
+        warm_logits, cold_logits = warm.decode(token, warm_state), cold.decode(token, cold_state)
         assert torch.equal(warm_logits, cold_logits)
-
-
-def engine_decode(loaded, token, state):
-    return engine(loaded).decode(token, state)
 
 
 def test_repeated_prompt_is_served_from_its_end_snapshot(loaded, prompt):

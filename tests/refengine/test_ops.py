@@ -75,6 +75,20 @@ def test_grouped_moe_matches_per_token_loop(dtype, impl, N):
     assert rel(out, ref) <= MOE_BOUND[dtype]
 
 
+def test_grouped_moe_splits_banks_beyond_the_group_limit(monkeypatch):
+    """Banks with more rows than one grouped_mm call accepts (large expert caches) are cut into calls."""
+    from autoinfer.refengine.ops.moe import grouped
+
+    args = moe_inputs(37, torch.float32, rows=8, seed=11)
+    if grouped.implementation(args[0], args[4]) != "grouped_mm":
+        pytest.skip("torch.nn.functional.grouped_mm does not run float32 on this device")
+    whole = grouped_experts(*args, impl="grouped_mm")
+    monkeypatch.setattr(grouped, "MAX_GROUPS", 3)
+    split = grouped_experts(*args, impl="grouped_mm")
+    assert rel(split, moe.get(moe.REFERENCE)(*args)) <= MOE_BOUND[torch.float32]
+    assert rel(split, whole) <= 1e-6
+
+
 def test_loop_reference_is_the_moe_definition():
     x, token, row, weight, bank = moe_inputs(3, torch.float32, seed=3)
     expected = torch.zeros_like(x)

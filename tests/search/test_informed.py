@@ -3,15 +3,13 @@ pruning, and llama-fit-params' answer parsed."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import pytest
-from optuna.trial import TrialState
 
 from autoinfer.campaign import store
 from autoinfer.campaign.informed import LABEL_ATTR, parse_fit_params
-from autoinfer.campaign.replay_cli import compare
+from autoinfer.campaign.replay_cli import OFFLINE, compare
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.model.placement import layers_on_cpu
@@ -27,18 +25,18 @@ def planted(tmp_path_factory) -> Path:
 
 
 def test_informed_needs_a_quarter_of_random_trials(planted):
-    results, best = compare(planted, ["random", "informed"], seeds=10, budget_mib=BUDGET, trials=40)
+    results, _ = compare(planted, ["random", "informed"], seeds=8, budget_mib=BUDGET, trials=40)
     random, informed = results
     assert informed.median * 4 <= random.median, (random.trials_needed, informed.trials_needed)
-    assert sum(n is not None for n in informed.trials_needed) >= 9
+    assert sum(n is not None for n in informed.trials_needed) >= 7
 
 
 def _campaign(planted: Path, **search) -> dict:
-    return {"name": "informed", "engine": "replay", "engine_options": {"table": str(planted)}, "model": "m",
+    return {"name": "informed", "engine": "replay", "engine_options": {"table": str(planted)}, "model": str(planted),
             "space": {"n_gpu_layers": [28, 32, 36, 41], "placement": ["first", "last", "even"],
                       "cpu_expert_layers": {"low": 0, "high": 40, "step": 2}, "ubatch": [256, 512, 1024]},
             "constraints": {"vram_mib": BUDGET}, "budget": {"trials": 20},
-            "search": {"fit_params": False, **search}}
+            "search": {"fit_params": False, **search}, **OFFLINE}
 
 
 def test_sweep_records_predictions_labels_and_pruning(planted):
@@ -48,7 +46,7 @@ def test_sweep_records_predictions_labels_and_pruning(planted):
     measured = [t for t in trials if store.is_finished(t)]
     assert len(measured) == 20  # predicted-infeasible records do not use up the budget
     skipped = [t for t in trials if store.outcome_of(t) == "predicted_infeasible"]
-    assert skipped and all("predicted" in t.user_attrs["reason"] and t.constraints == [1.0] for t in skipped)
+    assert skipped and all("predicted" in t.user_attrs["reason"] and t.constraints.get("memory") == 1.0 for t in skipped)
     assert all(t.user_attrs["predicted_mib"] > BUDGET for t in skipped)
     labels = [t.user_attrs.get(LABEL_ATTR) for t in trials[:3]]
     assert labels[0] == "informed: largest placement predicted to fit" and "informed: neighbour" in labels
@@ -56,7 +54,7 @@ def test_sweep_records_predictions_labels_and_pruning(planted):
     assert first.user_attrs["vram_peak_mib"] <= BUDGET * 1.05  # the informed start sits near the edge, not over
     assert "pruned" in outcomes  # hopeless configurations are cut after one repetition
     assert all(len(store.samples_of(t, "tg")) == 1 for t in trials if store.outcome_of(t) == "pruned")
-    memory = result.study.user_attrs["memory_model"]["m"]
+    memory = result.study.user_attrs["memory_model"][planted.name]
     assert memory["trials"] >= 10 and memory["loo_median_rel_error"] < 0.05
 
 

@@ -76,8 +76,8 @@ def test_calibration_error_shrinks_with_data():
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return base.create("llama-bench")
+def bench(llama_tools):
+    return base.create("llama-bench", llama_bin=llama_tools.bin_dir)
 
 
 def _run(bench, model: Path, tmp_path: Path, **knobs):
@@ -91,7 +91,7 @@ def test_llama_bench_accepts_every_pattern(bench, tiny_model, tmp_path):
     shape = shape_from_gguf(tiny_model)
     overrides = tuple(p for pattern in ("first", "last", "even")
                       for p in expert_override(cpu_expert_layers(pattern, 2, shape.n_layers)))
-    config, m = _run(bench, tiny_model, tmp_path, override_tensors=overrides)
+    _, m = _run(bench, tiny_model, tmp_path, override_tensors=overrides)
     assert m.outcome is Outcome.OK, m.reason
     assert "-ot" in m.engine_cmd and ";".join(overrides) in m.engine_cmd
     assert "exps=CPU" in m.raw_output  # llama-bench reports the overrides it applied

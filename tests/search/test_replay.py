@@ -37,7 +37,7 @@ def test_replay_reproduces_the_table(planted, tmp_path):
         m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
         assert m.outcome is Outcome.OK and m.metrics["replay_row"] == index and m.metrics["replay_distance"] == 0
         samples = [float(v) for v in row.tg_samples.split()]
-        assert set(m.tg_samples) <= set(round(v, 3) for v in samples) and len(m.tg_samples) == 5
+        assert set(m.tg_samples) <= {round(v, 3) for v in samples} and len(m.tg_samples) == 5
         assert m.vram_peak_mib == row.vram_mib
     # without samples, a row's median comes back as is; a configuration between rows gets the nearest row
     plain = tmp_path / "plain.csv"
@@ -79,3 +79,17 @@ def test_replay_command_prints_each_strategy(planted):
                                       "--budget-mib", "16384", "--trials", "15"])
     assert result.exit_code == 0, result.output
     assert "random" in result.output and "informed" in result.output and "median trials" in result.output
+
+
+def test_committed_cpu_table_replays_every_row(tmp_path):
+    """benchmarks/tables/cpu-tiny.csv was measured with llama-bench here; replay gives each row back exactly."""
+    table = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "cpu-tiny.csv"
+    df = pd.read_csv(table)
+    engine = base.create("replay", table=str(table), match="exact")
+    assert engine.model_shape("m").n_layers == 4  # the sidecar describes the tiny model
+    for index, row in df.iterrows():
+        config = TrialConfig(model=Path("m"), n_gpu_layers=0, threads=int(row.threads), ubatch=int(row.ubatch),
+                             flash_attn=row.flash_attn, type_k=row.type_k)
+        m = engine.run(config, RunContext(timeout_s=1, artifacts=tmp_path))
+        assert m.metrics["replay_row"] == index and m.rss_peak_mib == row.rss_mib
+        assert set(m.tg_samples) <= {float(v) for v in row.tg_samples.split()}

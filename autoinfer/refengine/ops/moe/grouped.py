@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 
 
+MAX_GROUPS = 512  # torch 2.11 grouped_mm refuses 1024 groups and more in one call (an expert cache can have thousands of slots)
+
+
 @lru_cache(maxsize=None)
 def _grouped_mm_works(device: str, dtype: torch.dtype, hidden: int, ffn: int) -> bool:
     if not hasattr(F, "grouped_mm"):
@@ -21,7 +24,7 @@ def _grouped_mm_works(device: str, dtype: torch.dtype, hidden: int, ffn: int) ->
     b = torch.ones(2, ffn, hidden, dtype=dtype, device=device)
     try:
         F.grouped_mm(a, b.transpose(-2, -1), offs=torch.tensor([1, 4], dtype=torch.int32, device=device))
-    except RuntimeError:
+    except (RuntimeError, NotImplementedError):  # unsupported dtype/device/alignment in this torch build
         return False
     return True
 
@@ -40,15 +43,27 @@ def grouped_experts(x: torch.Tensor, token: torch.Tensor, row: torch.Tensor, wei
     token, row, weight = token[order], row[order], weight[order]
     xs = x[token]
     if (impl or implementation(x, bank)) == "grouped_mm":
-        offs = torch.bincount(row, minlength=bank.rows).cumsum(0).to(torch.int32)
-        h = F.silu(F.grouped_mm(xs, bank.gate.transpose(-2, -1), offs=offs)) * F.grouped_mm(
-            xs, bank.up.transpose(-2, -1), offs=offs)
-        out = F.grouped_mm(h, bank.down.transpose(-2, -1), offs=offs)
+        ends = torch.bincount(row, minlength=bank.rows).cumsum(0)
+        out = torch.cat([_grouped(xs, ends, bank, r0, min(r0 + MAX_GROUPS, bank.rows))
+                         for r0 in range(0, bank.rows, MAX_GROUPS)])
     else:
         out = _padded(xs, row, bank)
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     y.index_add_(0, token, out.float() * weight[:, None].float())
     return y
+
+
+def _grouped(xs: torch.Tensor, ends: torch.Tensor, bank, r0: int, r1: int) -> torch.Tensor:
+    """Expert rows r0..r1 of the bank (one grouped_mm call handles at most MAX_GROUPS groups)."""
+    if r0 == 0 and r1 == bank.rows:  # the common case: no slicing, no device sync
+        a0, a1 = 0, xs.shape[0]
+    else:
+        a0, a1 = int(ends[r0 - 1]) if r0 else 0, int(ends[r1 - 1])
+    offs = (ends[r0:r1] - a0).to(torch.int32)
+    seg = xs[a0:a1]
+    h = F.silu(F.grouped_mm(seg, bank.gate[r0:r1].transpose(-2, -1), offs=offs)) * F.grouped_mm(
+        seg, bank.up[r0:r1].transpose(-2, -1), offs=offs)
+    return F.grouped_mm(h, bank.down[r0:r1].transpose(-2, -1), offs=offs)
 
 
 def _padded(xs: torch.Tensor, row: torch.Tensor, bank) -> torch.Tensor:

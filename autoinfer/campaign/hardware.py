@@ -1,0 +1,110 @@
+"""The hardware class of a study: trials measured on different hardware are never ranked together.
+
+The first worker that opens a study ties it to its machine's class (autoinfer.measure.host.fingerprint: GPU models
+and memory, CPU model and usable cores, RAM size); a worker of another class is refused with the way out (its own
+study). Every trial also records which host and class measured it, so `analyze` can still compare classes across
+studies.
+
+AUTOINFER_HARDWARE_CLASS replaces the measured fingerprint with a declared label. It exists to simulate a second
+machine in tests, and to let a lab declare two machines equal on purpose; it is recorded as such on the study.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from typing import Any
+
+import optuna
+
+from autoinfer.campaign.spec import Campaign
+from autoinfer.errors import UserError
+from autoinfer.measure.gpu import GpuInfo, list_gpus
+from autoinfer.measure.host import Fingerprint, fingerprint
+
+CLASS_ATTR = "hardware_class"  # study attr: {"digest": …, "fields": {…}}
+TRIAL_HOST_ATTR = "host"  # trial attr: {"hostname", "pid", "hardware_class", "cuda_visible_devices"}
+OVERRIDE_ENV = "AUTOINFER_HARDWARE_CLASS"
+
+
+def hardware_class() -> Fingerprint:
+    """This worker's class (the GPUs it sees, not every GPU of the host), or the declared one when
+    AUTOINFER_HARDWARE_CLASS is set."""
+    declared = os.environ.get(OVERRIDE_ENV)
+    if declared:
+        return Fingerprint((("declared", declared),), hashlib.sha256(declared.encode()).hexdigest()[:12])
+    return fingerprint(gpus=visible_gpus())
+
+
+def describe(fields: dict[str, Any]) -> str:
+    """One line: 'NVIDIA H100 80 GiB, AMD EPYC 9654 (16 cores), 128 GiB RAM'."""
+    if "declared" in fields:
+        return f"declared class {fields['declared']!r}"
+    gpus = ", ".join(fields.get("gpus") or []) or "no GPU"
+    return f"{gpus}; {fields.get('cpu_model')} ({fields.get('cpu_usable_cores')} cores); {fields.get('ram_gib')} GiB RAM"
+
+
+def bind(study: optuna.Study, current: Fingerprint | None = None) -> Fingerprint:
+    """Tie a new study to this machine's class, or refuse a machine whose class differs from the stored one."""
+    current = current or hardware_class()
+    stored = study.user_attrs.get(CLASS_ATTR)
+    if stored is None:
+        study.set_user_attr(CLASS_ATTR, {"digest": current.digest, "fields": current.as_dict()})
+        return current
+    if stored["digest"] != current.digest:
+        raise UserError(
+            f"study {study.study_name!r} was measured on hardware class {stored['digest']} "
+            f"({describe(stored['fields'])}); this machine is class {current.digest} ({describe(current.as_dict())}); "
+            f"results of different hardware are never ranked together: join with your own study, e.g. "
+            f"--study {study.study_name}-{current.digest}"
+        )
+    return current
+
+
+def trial_host(current: Fingerprint) -> dict[str, Any]:
+    """What a trial records about the worker that measured it."""
+    return {"hostname": socket.gethostname(), "pid": os.getpid(), "hardware_class": current.digest,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def visible_gpus() -> list[GpuInfo]:
+    """The GPUs this worker may use: all of them, or those CUDA_VISIBLE_DEVICES names (NVML indices or UUIDs).
+
+    Workers started per GPU (`autoinfer worker --gpus`) also set CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering
+    and NVML's agree.
+    """
+    gpus = list_gpus()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpus
+    picked = []
+    for item in (v.strip() for v in visible.split(",") if v.strip()):
+        match = [g for g in gpus if (item.isdigit() and g.index == int(item)) or (not item.isdigit() and
+                                                                                  g.uuid.startswith(item))]
+        picked += [g for g in match if g not in picked]
+    return picked
+
+
+def measured_gpu() -> int | None:
+    """NVML index of the GPU whose memory a trial's peak is read from: the first one this worker sees."""
+    gpus = visible_gpus()
+    return gpus[0].index if gpus else None
+
+
+def split_choices(n_gpus: int) -> list[str]:
+    """Tensor splits worth trying on n GPUs: equal, the first GPU heavier (it also holds the output and KV cache
+    with split_mode row), the last one heavier."""
+    equal = ["1"] * n_gpus
+    return ["/".join(equal), "/".join(["2", *equal[1:]]), "/".join([*equal[:-1], "2"])]
+
+
+def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
+    """The campaign with llama.cpp's multi-GPU knobs (split_mode, tensor_split) searched when this worker sees more
+    than one GPU and the campaign does not set them itself. Every worker of a study is of one hardware class, so
+    they all see the same GPU count and the same space."""
+    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
+    if n_gpus < 2 or campaign.engine != "llama-bench":
+        return campaign
+    added = {"split_mode": ["layer", "row"], "tensor_split": split_choices(n_gpus)}
+    return campaign.model_copy(update={"space": {**added, **campaign.space}})

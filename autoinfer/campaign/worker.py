@@ -1,0 +1,257 @@
+"""Several workers on one study: Optuna's RDB storage on PostgreSQL is the queue, nothing else.
+
+- Every worker is an ordinary sweep on a shared storage URL. Optuna hands out trials (and the re-queued
+  configurations of dead workers) through the database.
+- Liveness: each running trial sends a heartbeat (RDBStorage heartbeat_interval); a trial whose heartbeat stopped
+  for the grace period belongs to a dead worker, and the next worker that asks for a trial fails it and queues its
+  configuration again, through the same re-queue the runner uses for a SQLite study after a crash (there, one
+  worker per study makes every RUNNING trial stale).
+- Budget: "count the trials finished or running, then ask" is a race between workers; both steps run under a
+  PostgreSQL advisory lock held per study, so the count every worker sees includes every trial another worker
+  asked for, and the campaign never runs more trials than its budget.
+- `worker --gpus 0,1` starts one worker per GPU, each with CUDA_VISIBLE_DEVICES set; measurements of one host are
+  serialised by autoinfer.campaign.hostlock, and hardware classes by autoinfer.campaign.hardware.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import optuna
+from optuna.storages._heartbeat import BaseHeartbeatThread, get_heartbeat_thread, is_heartbeat_enabled
+from optuna.trial import FrozenTrial, TrialState
+
+from autoinfer.campaign import hardware, store
+from autoinfer.campaign.spec import Workers
+from autoinfer.errors import UserError
+from autoinfer.measure.host import Fingerprint
+
+_LOCK_SPACE = 0x61757469  # first key of every advisory lock autoinfer takes ("auti")
+_SCHEMA_LOCK = 0  # second key while creating Optuna's tables
+
+
+def is_shared(url: str) -> bool:
+    """A storage several workers may use at once."""
+    return url.split(":", 1)[0].split("+", 1)[0] == "postgresql"
+
+
+def driver_url(url: str) -> str:
+    """postgresql://… with the driver autoinfer installs (psycopg2; SQLAlchemy 2.1 defaults to psycopg 3)."""
+    return "postgresql+psycopg2:" + url.split(":", 1)[1] if url.split(":", 1)[0] == "postgresql" else url
+
+
+def check_url(url: str) -> None:
+    """SQLite (one worker per study), PostgreSQL (many) or the in-process memory storage; nothing else."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if url != store.MEMORY_STORAGE and scheme not in ("sqlite", "postgresql"):
+        raise UserError(f"storage {url!r}: autoinfer coordinates workers on PostgreSQL; use postgresql://USER@HOST/DB "
+                        "for several workers or sqlite:///FILE for one")
+
+
+def _engine(url: str) -> Any:
+    """A connection-per-use SQLAlchemy engine for the lock connections; UserError when the driver is missing."""
+    import sqlalchemy
+
+    try:
+        return sqlalchemy.create_engine(driver_url(url), poolclass=sqlalchemy.pool.NullPool)
+    except ImportError as exc:
+        raise UserError(f"cannot open storage {url!r}: {exc}; install the driver with "
+                        "pip install 'autoinfer[postgres]'") from None
+
+
+@contextmanager
+def _advisory_lock(engine: Any, key: int) -> Iterator[None]:
+    """A session-level PostgreSQL advisory lock; the server drops it if this process dies."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        conn = engine.connect()
+    except SQLAlchemyError as exc:
+        url = engine.url.render_as_string(hide_password=True)
+        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+    with conn:
+        conn.execute(text("SELECT pg_advisory_lock(:a, :b)"), {"a": _LOCK_SPACE, "b": key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:a, :b)"), {"a": _LOCK_SPACE, "b": key})
+            conn.commit()
+
+
+def _study_key(name: str) -> int:
+    """An int4 advisory-lock key for a study name, never the schema key (a collision only serialises two studies)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF or 1
+
+
+def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
+    """The study storage; on PostgreSQL with heartbeats, and its tables created by one worker at a time."""
+    check_url(url)
+    if not is_shared(url):
+        return store.storage_for(url)
+    import sqlalchemy
+
+    engine = _engine(url)
+    try:
+        with _advisory_lock(engine, _SCHEMA_LOCK):
+            return optuna.storages.RDBStorage(driver_url(url), engine_kwargs={"pool_pre_ping": True},
+                                              heartbeat_interval=workers.heartbeat_s, grace_period=workers.grace)
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+
+
+def _backend(study: optuna.Study) -> optuna.storages.RDBStorage:
+    storage = study._storage
+    return getattr(storage, "_backend", storage)
+
+
+@contextmanager
+def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Iterator[None]:
+    """Run a block alone among the workers of a study (no-op where only one worker can exist)."""
+    if isinstance(study_or_url, str):
+        if not is_shared(study_or_url):
+            yield
+            return
+        check_url(study_or_url)
+        engine = _engine(study_or_url)
+        try:
+            with _advisory_lock(engine, _study_key(name or "")):
+                yield
+        finally:
+            engine.dispose()
+        return
+    backend = _backend(study_or_url)
+    if not isinstance(backend, optuna.storages.RDBStorage) or not is_shared(backend.url):
+        yield
+        return
+    with _advisory_lock(backend.engine, _study_key(study_or_url.study_name)):
+        yield
+
+
+def stale_trials(study: optuna.Study) -> list[FrozenTrial] | None:
+    """Running trials whose heartbeat stopped (shared storage); None: one worker per study, all RUNNING are stale."""
+    backend = _backend(study)
+    if not isinstance(backend, optuna.storages.RDBStorage) or backend.get_heartbeat_interval() is None:
+        return None
+    ids = set(backend._get_stale_trial_ids(study._study_id))
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t._trial_id in ids]
+
+
+def counted(trial: FrozenTrial) -> bool:
+    """A trial that uses up the budget: finished and counted by the store, or running somewhere now."""
+    return trial.state == TrialState.RUNNING or store.is_finished(trial)
+
+
+def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:
+    """True for the worker that ends a study's trials: no other worker still runs one (call it serialized)."""
+    running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    if running:
+        note(f"{running} trial(s) still running on other workers; the last worker to finish runs the confirmation")
+    return running == 0
+
+
+class SharedBudget:
+    """Hands out trials while the campaign's budget has room, across every worker of the study.
+
+    Also keeps the heartbeat of the trial it handed out last (until the next ask or the end of the sweep) and
+    records on each trial which host and hardware class measured it.
+    """
+
+    def __init__(self, study: optuna.Study, trials: int, machine: Fingerprint,
+                 note: Callable[[str], None] = lambda _: None) -> None:
+        self.study = study
+        self.trials = trials
+        self.machine = machine
+        self.note = note
+        self._beat: BaseHeartbeatThread | None = None
+
+    def ask(self, dists: dict[str, Any]) -> optuna.Trial | None:
+        """The next trial, or None once finished trials fill the budget.
+
+        While the budget is full only because other workers still run trials, this waits: one of those may belong
+        to a dead worker, and its re-queued configuration must still be measured by someone.
+        """
+        self._stop_beat()
+        while True:
+            with serialized(self.study):
+                trials = self._reclaimed_trials()
+                used = sum(1 for t in trials if counted(t))
+                running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+                if used < self.trials:
+                    trial = self.study.ask(dists)
+                    if is_heartbeat_enabled(self.study._storage):  # beating before another worker can look
+                        self.study._storage.record_heartbeat(trial._trial_id)
+                    self._beat = get_heartbeat_thread(trial._trial_id, self.study._storage)
+                    self._beat.start()
+                    trial.set_user_attr(hardware.TRIAL_HOST_ATTR, hardware.trial_host(self.machine))
+                    return trial
+            if not running:
+                return None
+            time.sleep(_backend(self.study).get_heartbeat_interval() or 1)
+
+    def _reclaimed_trials(self) -> list[FrozenTrial]:
+        """The study's trials after failing and re-queueing those of dead workers."""
+        from autoinfer.campaign.runner import reclaim_stale
+
+        stale = stale_trials(self.study)
+        requeued = reclaim_stale(self.study, stale) if stale else 0
+        if requeued:
+            self.note(f"{requeued} trial(s) of a worker whose heartbeat stopped: failed and re-queued")
+        return self.study.get_trials(deepcopy=False)
+
+    def _stop_beat(self) -> None:
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+
+    def __enter__(self) -> "SharedBudget":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_beat()
+
+
+def parse_gpus(text: str) -> list[str]:
+    """'0,1' → ['0', '1']; UserError for anything but distinct GPU indices or UUIDs."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items or len(set(items)) != len(items) or not all(v.isdigit() or v.startswith(("GPU-", "MIG-"))
+                                                               for v in items):
+        raise UserError(f"--gpus {text!r}: give distinct GPU indices or UUIDs separated by commas, e.g. --gpus 0,1")
+    return items
+
+
+def start_per_gpu(gpus: list[str], worker_args: list[str]) -> int:
+    """One `autoinfer worker` child per GPU, each seeing only its GPU; waits for all, returns the worst exit code.
+
+    Ctrl-C reaches the children from the terminal (same process group); SIGTERM is passed on to them. A child that
+    stops mid-trial leaves the trial to the heartbeat: another worker fails it and runs its configuration again.
+    """
+    children = []
+    for gpu in gpus:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        argv = [sys.executable, "-c", "from autoinfer.cli import main; main()", "worker", *worker_args]
+        children.append(subprocess.Popen(argv, env=env))
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
+    try:
+        codes = [child.wait() for child in children]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return max(codes, key=abs)

@@ -1,0 +1,60 @@
+"""`autoinfer worker`: join a campaign stored on a shared (PostgreSQL) storage, from any machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from autoinfer.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(worker)
+
+
+def worker(
+    campaign_file: Optional[Path] = typer.Argument(None, help="Campaign YAML; needed only to create the study."),
+    study: str = typer.Option(..., "--study", help="Study to join."),
+    storage: str = typer.Option(..., "--storage", help="Shared storage URL: postgresql://USER@HOST/DB."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU, e.g. 0,1 (sets "
+                                       "CUDA_VISIBLE_DEVICES for each)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No live display."),
+) -> None:
+    """Run trials of a study until its budget is spent; start as many workers as machines (or GPUs) you have."""
+    from autoinfer.campaign import worker as shared
+
+    shared.check_url(storage)
+    if gpus is not None:
+        items = shared.parse_gpus(gpus)
+        if len(items) > 1 and not shared.is_shared(storage):
+            raise UserError(f"--gpus {gpus} starts {len(items)} workers, but {storage} allows one worker per study; "
+                            "use a PostgreSQL storage (README: Several machines)")
+        args = [str(campaign_file)] if campaign_file else []
+        args += ["--study", study, "--storage", storage] + (["--quiet"] if quiet or len(items) > 1 else [])
+        code = shared.start_per_gpu(items, args)
+        if code:
+            raise typer.Exit(code)
+        return
+    _join(campaign_file, study, storage, quiet)
+
+
+def _join(campaign_file: Path | None, study: str, storage: str, quiet: bool) -> None:
+    from rich.console import Console
+
+    from autoinfer.campaign.report import print_recommendation
+    from autoinfer.campaign.runner import sweep
+    from autoinfer.campaign.spec import load_campaign
+    from autoinfer.campaign.store import load_study, stored_campaign
+
+    if campaign_file is not None:
+        campaign = load_campaign(campaign_file)
+    else:
+        campaign = stored_campaign(load_study(study, storage))
+        if campaign is None:
+            raise UserError(f"study {study!r} in {storage} has no campaign stored; pass the campaign file once")
+    result = sweep(campaign, study_name=study, storage=storage, progress=not quiet)
+    typer.echo(f"worker done: {result.ran} trial(s) measured here")
+    if not quiet:
+        print_recommendation(Console(), result.study, result.campaign)

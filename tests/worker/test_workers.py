@@ -1,0 +1,179 @@
+"""Several workers on one PostgreSQL study: shared budget, heartbeat re-queue, hardware classes, SQLite refusal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autoinfer.campaign import hardware, store
+from autoinfer.campaign.runner import sqlite_single_worker, sweep
+from autoinfer.campaign.spec import load_campaign
+from autoinfer.errors import UserError
+
+CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
+
+
+def replay_campaign(tmp_path: Path, trials: int, name: str = "shared") -> Path:
+    """A replay campaign (trials answered from a table in milliseconds) with a 24-row table."""
+    table = tmp_path / "table.csv"
+    rows = ["threads,ubatch,tg,pp,rss_mib"]
+    rows += [f"{t},{u},{10 + t + u / 256:.2f},{100 + 5 * t:.1f},{500 + u}" for t in range(1, 9) for u in (128, 256, 512)]
+    table.write_text("\n".join(rows) + "\n")
+    (tmp_path / "m").write_text("replay label\n")  # the environment record fingerprints the model file it names
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "engine": "replay", "engine_options": {"table": str(table), "seed": 1}, "model": "m",
+        "space": {"threads": {"low": 1, "high": 8}, "ubatch": [128, 256, 512]},
+        "budget": {"trials": trials}, "measure": {"repetitions": 3, "max_cv": None},
+        "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"top_k": 2, "rounds": 2},
+        "workers": {"heartbeat_s": 1, "grace_s": 3},
+    }))
+    return path
+
+
+def start_worker(campaign: Path | None, study: str, url: str, env: dict[str, str] | None = None,
+                 log: Path | None = None) -> subprocess.Popen:
+    argv = [*CLI, "worker", *([str(campaign)] if campaign else []), "--study", study, "--storage", url, "--quiet"]
+    out = open(log, "w") if log else subprocess.PIPE
+    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def test_four_workers_run_the_budget_exactly_once(tmp_path, pg_url):
+    campaign = replay_campaign(tmp_path, trials=40)
+    workers = [start_worker(campaign, "shared", pg_url) for _ in range(4)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0] * 4, outputs
+
+    study = store.load_study("shared", pg_url)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]  # nothing lost
+    assert sum(store.is_finished(t) for t in trials) == 40 == len(trials)  # no overshoot, no duplicate
+    assert all(t.state == TrialState.COMPLETE and t.user_attrs["outcome"] == "ok" for t in trials)
+    ran = [int(re.search(r"worker done: (\d+) trial", out).group(1)) for out in outputs]
+    by_pid = Counter(t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials)
+    assert sum(ran) == 40 and sorted(by_pid.values()) == sorted(r for r in ran if r)
+    assert len(by_pid) >= 2, f"only one worker got trials: {ran}"
+    # the last worker to finish confirmed once, on all 40 trials
+    assert study.user_attrs["confirmed"]["after_trials"] == 40
+    assert study.user_attrs[hardware.CLASS_ATTR]["digest"] == hardware.hardware_class().digest
+
+
+def bench_campaign(tmp_path: Path, model: Path, trials: int) -> Path:
+    """A llama-bench campaign on the tiny model: a trial takes a second or two on one core."""
+    campaign = tmp_path / "bench.yaml"
+    campaign.write_text(yaml.safe_dump({
+        "name": "bench", "engine": "llama-bench", "model": str(model),
+        "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [32, 64]},
+        "budget": {"trials": trials}, "measure": {"n_prompt": 64, "n_gen": 16, "repetitions": 3, "max_cv": None},
+        "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
+        "search": {"informed": False, "prune_below": None}, "workers": {"heartbeat_s": 1, "grace_s": 3},
+    }))
+    return campaign
+
+
+def test_workers_on_one_host_measure_one_at_a_time(tmp_path, pg_url, llama_tools, tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOINFER_HOST_LOCK", str(tmp_path / "host.lock"))
+    campaign = bench_campaign(tmp_path, tiny_model, trials=4)
+    workers = [start_worker(campaign, "bench", pg_url) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    trials = store.load_study("bench", pg_url).get_trials(deepcopy=False)
+    assert len({t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials}) == 2
+    windows = sorted((t.user_attrs["env"]["started_at"], t.user_attrs["env"]["started_at"]
+                      + t.user_attrs["env"]["duration_s"]) for t in trials)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(windows, windows[1:])), windows
+    assert max(t.user_attrs["host_lock_wait_s"] for t in trials) > 0  # someone waited its turn
+
+
+def test_killed_worker_trial_is_failed_by_heartbeat_and_rerun(tmp_path, pg_url, llama_tools, tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOINFER_HOST_LOCK", str(tmp_path / "host.lock"))
+    campaign = bench_campaign(tmp_path, tiny_model, trials=2)
+    victim = start_worker(campaign, "bench", pg_url, log=tmp_path / "victim.log")
+    deadline = time.monotonic() + 300
+    bench = None
+    while bench is None and time.monotonic() < deadline and victim.poll() is None:
+        kids = psutil.Process(victim.pid).children(recursive=True)
+        bench = next((k for k in kids if k.name() == "llama-bench"), None)
+        time.sleep(0.05)
+    assert bench is not None, (tmp_path / "victim.log").read_text()
+    victim.send_signal(signal.SIGKILL)  # mid-measurement: llama-bench is running
+    victim.wait()
+    with contextlib.suppress(psutil.NoSuchProcess):  # its own process group outlives the worker
+        bench.kill()
+    study = store.load_study("bench", pg_url)
+    [killed] = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+    survivor = start_worker(None, "bench", pg_url, log=tmp_path / "survivor.log")
+    assert survivor.wait(timeout=300) == 0, (tmp_path / "survivor.log").read_text()
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    dead = trials[killed.number]
+    assert dead.state == TrialState.FAIL and dead.user_attrs[store.STALE_ATTR]
+    [retry] = [t for t in trials.values() if t.user_attrs.get("retry_of") == killed.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
+    assert retry.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] == survivor.pid
+    assert sum(store.is_finished(t) for t in trials.values()) == 2  # the dead trial does not use up the budget
+    assert all(t.user_attrs["host_lock_wait_s"] >= 0 for t in trials.values() if store.is_finished(t))
+
+
+def test_worker_of_another_hardware_class_is_refused(tmp_path, pg_url, monkeypatch):
+    campaign = load_campaign(replay_campaign(tmp_path, trials=3, name="classy"))
+    monkeypatch.setenv(hardware.OVERRIDE_ENV, "lab-a")
+    sweep(campaign, storage=pg_url, progress=False)
+    monkeypatch.setenv(hardware.OVERRIDE_ENV, "lab-b")
+    with pytest.raises(UserError, match=r"hardware class .*declared class 'lab-a'.*declared class 'lab-b'.*--study"):
+        sweep(campaign, storage=pg_url, trials=6, progress=False)
+    study = store.load_study("classy", pg_url)
+    assert len(study.trials) == 3  # nothing of lab-b was mixed in
+    # the same machine joins a study of its own
+    result = sweep(campaign, study_name="classy-b", storage=pg_url, trials=2, progress=False)
+    assert result.ran == 2
+
+
+def test_sqlite_refuses_a_second_worker_clearly(tmp_path):
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    campaign_file = replay_campaign(tmp_path, trials=2, name="solo")
+    with sqlite_single_worker(url, "solo"):  # a first worker is running
+        with pytest.raises(UserError, match="SQLite allows one worker per study.*PostgreSQL"):
+            sweep(load_campaign(campaign_file), storage=url, progress=False)
+    res = subprocess.run([*CLI, "worker", str(campaign_file), "--study", "solo", "--storage", url, "--gpus", "0,1"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "allows one worker per study; use a PostgreSQL storage" in res.stderr
+    assert res.stderr.count("\n") == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize("url, needle", [
+    ("postgresql://nobody@127.0.0.1:1/none", "cannot open storage 'postgresql"),
+    ("mysql://u@h/db", "coordinates workers on PostgreSQL"),
+])
+def test_unusable_storage_is_one_line(tmp_path, url, needle):
+    res = subprocess.run([*CLI, "worker", str(replay_campaign(tmp_path, trials=1)), "--study", "x", "--storage", url],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and needle in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_gpus_option_starts_one_worker_per_gpu(tmp_path, pg_url):
+    campaign = replay_campaign(tmp_path, trials=12, name="pergpu")
+    parent = subprocess.run([*CLI, "worker", str(campaign), "--study", "pergpu", "--storage", pg_url, "--gpus", "0,1"],
+                            capture_output=True, text=True, timeout=300)
+    assert parent.returncode == 0, parent.stdout + parent.stderr
+    trials = store.load_study("pergpu", pg_url).get_trials(deepcopy=False)
+    hosts = [t.user_attrs[hardware.TRIAL_HOST_ATTR] for t in trials]
+    assert sum(store.is_finished(t) for t in trials) == 12
+    assert {h["cuda_visible_devices"] for h in hosts} <= {"0", "1"}
+    pids = {h["pid"]: h["cuda_visible_devices"] for h in hosts}  # each child sees one GPU, always the same
+    assert len(set(pids.values())) == len(pids)
+    assert sum(int(n) for n in re.findall(r"worker done: (\d+) trial", parent.stdout)) == 12
