@@ -78,7 +78,7 @@ def export(
         best = confirmed_best(loaded) or best_trial(loaded, weights)
     if best is None:
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
-    text = render(format, best, loaded.study_name)
+    text = render(format, best, loaded.study_name, campaign.engine if campaign else "llama-bench")
     if out:
         out.write_text(text)
         typer.echo(f"wrote {out}")

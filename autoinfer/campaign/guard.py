@@ -9,7 +9,6 @@ campaign.drift, campaign.confirm).
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,22 +17,16 @@ from typing import Any, Callable
 import optuna
 
 from autoinfer.campaign import store
+from autoinfer.campaign.store import write_run_files
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirm
 from autoinfer.campaign.drift import DriftAnchor, LoadInjector
+from autoinfer.campaign.hardware import measured_gpu
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure import environment, idle
 from autoinfer.measure.stats import summarize
 from autoinfer.paths import trial_dir
-
-
-def default_gpu() -> int | None:
-    """The GPU whose state is recorded: the first one this worker sees (CUDA_VISIBLE_DEVICES), or None on a
-    CPU-only machine."""
-    from autoinfer.campaign.hardware import measured_gpu
-
-    return measured_gpu()
 
 
 def sample_stats(m: Measurement) -> dict[str, Any]:
@@ -48,28 +41,20 @@ def noisiest(m: Measurement, weights: dict[str, float]) -> float | None:
     return max(cvs) if cvs else None
 
 
-def save_run(folder: Path, m: Measurement) -> None:
-    """The files of one extra run (anchor, confirmation, first run of a re-measured trial)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stdout.txt").write_text(m.stdout)
-    (folder / "stderr.txt").write_text(m.stderr)
-    (folder / "raw_output.txt").write_text(m.raw_output)
-    (folder / "command.txt").write_text(shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
-
-
-def measure_once(engine: Engine, config: TrialConfig, campaign: Campaign, artifacts: Path) -> Measurement:
-    """One run outside the Optuna trial sequence (anchor, confirmation); an engine bug becomes a CRASH."""
+def run_engine(engine: Engine, config: TrialConfig, campaign: Campaign, artifacts: Path, *,
+               gpu_index: int | None, on_first_sample: Callable[[float], bool] | None = None) -> Measurement:
+    """One isolated measurement; an engine bug becomes a CRASH outcome instead of ending the campaign."""
     artifacts.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=artifacts, gpu_index=gpu_index,
+                     on_first_sample=on_first_sample)
     try:
-        m = engine.run(config, RunContext(timeout_s=campaign.measure.timeout_s, artifacts=artifacts))
+        return engine.run(config, ctx)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 — recorded with its reason, the campaign goes on
-        m = Measurement(Outcome.CRASH, reason=f"engine error: {type(exc).__name__}: {exc}",
-                        wall_s=time.monotonic() - started)
-    save_run(artifacts, m)
-    return m
+        return Measurement(Outcome.CRASH, reason=f"engine error: {type(exc).__name__}: {exc}",
+                           wall_s=time.monotonic() - started)
 
 
 def pooled(first: Measurement, second: Measurement) -> Measurement:
@@ -97,7 +82,7 @@ class TrialGuard:
         self.campaign = campaign
         self.engine = engine
         self.note = note
-        self.gpu_index = default_gpu()
+        self.gpu_index = measured_gpu()
         self.weights = campaign.objective_weights()
         self.load = LoadInjector(campaign.inject_load, note)
         self.anchor = DriftAnchor(study, campaign, self.extra_run, note)
@@ -106,7 +91,8 @@ class TrialGuard:
         """A run outside the trial sequence, with the same idle check and environment record as a trial."""
         seen = self.idle_check()
         start = environment.begin(self.gpu_index)
-        m = measure_once(self.engine, config, self.campaign, folder)
+        m = run_engine(self.engine, config, self.campaign, folder, gpu_index=self.gpu_index)
+        write_run_files(folder, m)
         return replace(m, env={**m.env, **self.environment(start, config, m), "idle": seen})
 
     def idle_check(self) -> dict[str, Any]:
@@ -137,7 +123,7 @@ class TrialGuard:
         limit = self.campaign.measure.max_cv
         if spread is not None and limit is not None and spread > limit and self.campaign.measure.rerun_noisy:
             self.note(f"trial {trial.number}: spread {spread:.1%} over max_cv {limit:.0%}; measuring it again")
-            save_run(trial_dir(self.study.study_name, trial.number) / "first_run", m)
+            write_run_files(trial_dir(self.study.study_name, trial.number) / "first_run", m)
             start = environment.begin(self.gpu_index)
             second = run()
             second = replace(second, env={**second.env, **self.environment(start, config, second)})

@@ -12,7 +12,7 @@ from rich.table import Table
 from autoinfer.campaign import store
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, summary
 from autoinfer.campaign.drift import status_line
-from autoinfer.export.formats import render
+from autoinfer.export.formats import LLAMA_ENGINES, render
 
 
 def spread(samples: list[float]) -> str:
@@ -88,5 +88,9 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     console.print(f"  generation tok/s: {spread(store.samples_of(t, 'tg'))}")
     console.print(f"  prompt tok/s:     {spread(store.samples_of(t, 'pp'))}")
     console.print(f"  peak memory:      {_memory(t)}")
-    console.print("\nrun it with:")
-    console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)
+    if campaign.engine in LLAMA_ENGINES:
+        console.print("\nrun it with:")
+        console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(f"\nits {campaign.engine} engine settings:")
+        console.print(render("yaml", best, study.study_name, campaign.engine), markup=False, highlight=False)

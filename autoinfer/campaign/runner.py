@@ -19,16 +19,16 @@ import optuna
 from optuna.trial import TrialState
 
 from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, store, worker
-from autoinfer.campaign.guard import TrialGuard
+from autoinfer.campaign.guard import TrialGuard, run_engine
 from autoinfer.campaign.informed import SearchAid
 from autoinfer.campaign.models import resolve_models
 from autoinfer.campaign.progress import SweepProgress
 from autoinfer.campaign.space import distributions, suggest, to_config
 from autoinfer.campaign.spec import Campaign, check_space
 from autoinfer.engines import base
-from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext
+from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
-from autoinfer.paths import default_storage
+from autoinfer.paths import default_storage, trial_dir
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -115,7 +115,7 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     """Store a measurement and tell Optuna; memory outcomes become constraint violations, not scores."""
     for key, value in store.measurement_attrs(m).items():
         trial.set_user_attr(key, value)
-    store.save_artifacts(study.study_name, trial.number, m)
+    store.write_run_files(trial_dir(study.study_name, trial.number), m)
     weights = campaign.objective_weights()
     limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
               "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
@@ -145,20 +145,9 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
 
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
-    """One isolated measurement; an engine bug becomes a CRASH outcome instead of ending the sweep."""
-    from autoinfer.paths import trial_dir
-
-    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=trial_dir(study_name, number),
-                     gpu_index=hardware.measured_gpu(),
-                     on_first_sample=on_first_sample)
-    started = time.monotonic()
-    try:
-        return engine.run(config, ctx)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 — recorded with its reason, the sweep goes on
-        return Measurement(Outcome.CRASH, reason=f"engine error: {type(exc).__name__}: {exc}",
-                           wall_s=time.monotonic() - started)
+    """The measurement of trial `number`, on the GPU this worker sees."""
+    return run_engine(engine, config, campaign, trial_dir(study_name, number), gpu_index=hardware.measured_gpu(),
+                      on_first_sample=on_first_sample)
 
 
 def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | None = None,

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
-from autoinfer.paths import default_storage, trial_dir
+from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
 MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
@@ -116,9 +116,9 @@ def kld_of(trial: FrozenTrial | optuna.Trial) -> list[float]:
     return [float(kld)] if kld is not None else []
 
 
-def save_artifacts(study: str, number: int, m: Measurement) -> Path:
-    """stdout, stderr, raw engine output and the command line of a trial, as files."""
-    folder = trial_dir(study, number)
+def write_run_files(folder: Path, m: Measurement) -> Path:
+    """stdout, stderr, raw engine output and the command line of one engine run, as files."""
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "stdout.txt").write_text(m.stdout)
     (folder / "stderr.txt").write_text(m.stderr)
     (folder / "raw_output.txt").write_text(m.raw_output)

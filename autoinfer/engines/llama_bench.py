@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args, classify_failure
+from autoinfer.engines.llama_common import BENCH_EXTRAS, LlamaToolsEngine, bench_args, classify_failure
 from autoinfer.measure.process import run_isolated
 
 #: Fields of a llama-bench record that describe the build and machine rather than the configuration.
@@ -105,26 +104,12 @@ def measurement_from_json(text: str, config: TrialConfig) -> Measurement:
 
 
 @register("llama-bench")
-class LlamaBenchEngine:
+class LlamaBenchEngine(LlamaToolsEngine):
     """Measures a configuration with llama-bench (-o json -v), in an isolated child."""
 
     name = "llama-bench"
+    binary = "llama-bench"
     supported = TrialConfig.field_names() | frozenset(BENCH_EXTRAS)
-
-    def __init__(self, llama_bin: Path | str | None = None) -> None:
-        self._llama_bin = Path(llama_bin) if llama_bin is not None else None
-        self._tools: Any | None = None
-
-    @property
-    def tools(self) -> Any:
-        if self._tools is None:
-            from autoinfer.llama.binaries import find_tools
-
-            self._tools = find_tools(self._llama_bin)
-        return self._tools
-
-    def check(self) -> None:
-        self.tools.tool("llama-bench")
 
     def command(self, config: TrialConfig) -> list[str]:
         """The argv of one trial: -v so llama.cpp's own error lines reach stderr (see llama_common)."""

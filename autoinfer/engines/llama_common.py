@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import signal as signals
+from pathlib import Path
 from typing import Any, Iterable
 
 from autoinfer.engines.base import Outcome, TrialConfig
@@ -109,6 +110,27 @@ def _check_patterns(patterns: Iterable[str], separators: str, where: str) -> Non
             )
 
 
+class LlamaToolsEngine:
+    """Base of the engines that run a llama.cpp build: the build is looked up once, on first use."""
+
+    binary = "llama-bench"  # the tool check() requires
+
+    def __init__(self, llama_bin: Path | str | None = None) -> None:
+        self._llama_bin = Path(llama_bin) if llama_bin is not None else None
+        self._tools: Any | None = None
+
+    @property
+    def tools(self) -> Any:
+        if self._tools is None:
+            from autoinfer.llama.binaries import find_tools
+
+            self._tools = find_tools(self._llama_bin)
+        return self._tools
+
+    def check(self) -> None:
+        self.tools.tool(self.binary)
+
+
 class _Args:
     """Collects flags, checking each against the flags a binary lists in --help (None: assume all exist)."""
 
@@ -150,13 +172,8 @@ def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     return bench_args_for(config, supported)
 
 
-def bench_args_for(config: TrialConfig, supported: frozenset[str] | None) -> list[str]:
-    """bench_args against an explicit set of supported flags (None: all)."""
-    a = _Args("llama-bench", supported)
-    a.argv += ["-m", str(config.model), "-p", str(config.n_prompt), "-n", str(config.n_gen),
-               "-r", str(config.repetitions)]
-    if config.threads is not None:
-        a.add("-t", config.threads, name="threads")
+def _batch_cache_placement(a: _Args, config: TrialConfig) -> None:
+    """The flags llama-bench and llama-server spell the same way."""
     a.add("-b", config.batch, name="batch", default=2048)
     a.add("-ub", config.ubatch, name="ubatch", default=512)
     a.add("-ctk", config.type_k, name="type_k", default="f16")
@@ -164,6 +181,16 @@ def bench_args_for(config: TrialConfig, supported: frozenset[str] | None) -> lis
     a.add("-fa", config.flash_attn, name="flash_attn", default="auto")
     a.add("-ngl", config.n_gpu_layers, name="n_gpu_layers")
     a.add("-ncmoe", config.n_cpu_moe, name="n_cpu_moe", default=0)
+
+
+def bench_args_for(config: TrialConfig, supported: frozenset[str] | None) -> list[str]:
+    """bench_args against an explicit set of supported flags (None: all)."""
+    a = _Args("llama-bench", supported)
+    a.argv += ["-m", str(config.model), "-p", str(config.n_prompt), "-n", str(config.n_gen),
+               "-r", str(config.repetitions)]
+    if config.threads is not None:
+        a.add("-t", config.threads, name="threads")
+    _batch_cache_placement(a, config)
     if config.override_tensors:
         _check_patterns(config.override_tensors, ",;", "llama-bench")
         a.add("-ot", ";".join(config.override_tensors), name="override_tensors")
@@ -203,13 +230,7 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     if config.threads is not None:
         a.add("-t", config.threads, name="threads")
         a.add("-tb", config.get("threads_batch", config.threads), name="threads_batch")
-    a.add("-b", config.batch, name="batch", default=2048)
-    a.add("-ub", config.ubatch, name="ubatch", default=512)
-    a.add("-ctk", config.type_k, name="type_k", default="f16")
-    a.add("-ctv", config.type_v, name="type_v", default="f16")
-    a.add("-fa", config.flash_attn, name="flash_attn", default="auto")
-    a.add("-ngl", config.n_gpu_layers, name="n_gpu_layers")
-    a.add("-ncmoe", config.n_cpu_moe, name="n_cpu_moe", default=0)
+    _batch_cache_placement(a, config)
     if config.override_tensors:
         _check_patterns(config.override_tensors, ",", "llama-server")
         a.add("-ot", ",".join(config.override_tensors), name="override_tensors")

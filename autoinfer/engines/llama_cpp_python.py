@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import classify_failure, server_context
+from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, server_context
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
 from autoinfer.paths import cache_dir
@@ -81,7 +81,7 @@ def sdist_package() -> Path:
 
 
 @register("llama-cpp-python")
-class LlamaCppPythonEngine:
+class LlamaCppPythonEngine(LlamaToolsEngine):
     """Measures `llama_cpp.Llama` in an isolated child process."""
 
     name = "llama-cpp-python"
@@ -90,18 +90,9 @@ class LlamaCppPythonEngine:
     def __init__(self, llama_bin: Path | str | None = None, library: str = "build") -> None:
         if library not in ("build", "package"):
             raise UserError(f"engine_options.library: {library!r} is not one of build, package")
-        self._llama_bin = Path(llama_bin) if llama_bin is not None else None
+        super().__init__(llama_bin)
         self._library = library
-        self._tools: Any | None = None
         self._env: dict[str, str] | None = None
-
-    @property
-    def tools(self) -> Any:
-        if self._tools is None:
-            from autoinfer.llama.binaries import find_tools
-
-            self._tools = find_tools(self._llama_bin)
-        return self._tools
 
     def child_env(self) -> dict[str, str]:
         """Environment of the child: which libllama it loads and where its Python package comes from."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import classify_failure, server_args, server_context
+from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, server_args, server_context
 from autoinfer.measure.process import IsolatedProcess
 
 #: Knobs beyond TrialConfig's fields: batch threads, context size, and the number of slots (= concurrent clients).
@@ -147,26 +147,12 @@ def prompt_tokens(client: Client, n_tokens: int, count: int) -> list[list[int]]:
 
 
 @register("llama-server")
-class LlamaServerEngine:
+class LlamaServerEngine(LlamaToolsEngine):
     """Measures a configuration through a llama-server process, started and stopped per trial."""
 
     name = "llama-server"
+    binary = "llama-server"
     supported = TrialConfig.field_names() | SERVER_EXTRAS
-
-    def __init__(self, llama_bin: Path | str | None = None) -> None:
-        self._llama_bin = Path(llama_bin) if llama_bin is not None else None
-        self._tools: Any | None = None
-
-    @property
-    def tools(self) -> Any:
-        if self._tools is None:
-            from autoinfer.llama.binaries import find_tools
-
-            self._tools = find_tools(self._llama_bin)
-        return self._tools
-
-    def check(self) -> None:
-        self.tools.tool("llama-server")
 
     def command(self, config: TrialConfig, port: int) -> list[str]:
         """llama-server argv: the shared flags, the context sized for every slot, the slots, the address."""

@@ -300,10 +300,14 @@ class IsolatedProcess:
         self._proc.wait()
 
     def _sample_loop(self) -> None:
-        while not self._stop_sampling.wait(self._interval):
+        """Samples densely at first (2, 4, 8 … ms), then at the set rate: a run of a few tens of milliseconds
+        (a tiny model on an idle machine) still gets its high-water mark read after the model is loaded."""
+        wait = min(0.002, self._interval)
+        while not self._stop_sampling.wait(wait):
             if self._ended is not None:
                 break
             self._sample_once()
+            wait = min(wait * 2, self._interval)
 
     def _sample_once(self) -> None:
         assert self._proc is not None

@@ -12,6 +12,7 @@ from autoinfer.campaign.drift import DRIFT_ATTR, flagged_trials
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
+from autoinfer.paths import trial_dir
 
 
 def _campaign(**keys):
@@ -114,5 +115,5 @@ def test_noisy_trial_is_measured_again_and_pooled(llama_tools, tiny_model):
     assert len(t.user_attrs["tg_samples"]) == 6
     assert t.user_attrs["tg_samples"][:3] == noise["first_tg_samples"]
     assert t.user_attrs["stats"]["tg"]["n"] == 6
-    assert (store.trial_dir("drift-e2e", 0) / "first_run" / "command.txt").read_text().startswith(
+    assert (trial_dir("drift-e2e", 0) / "first_run" / "command.txt").read_text().startswith(
         str(llama_tools.bin_dir))

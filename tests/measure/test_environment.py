@@ -48,10 +48,10 @@ def test_idle_check_sees_a_busy_process_and_subtracts_its_own(busy_loop):
     """Other work shares this machine, so only presence is asserted, not how much CPU the loop got."""
     seen = idle.check(cpu_busy=99.9, interval_s=1.0)
     assert isinstance(seen.cpu_percent, float) and isinstance(seen.gpu_processes, tuple)
-    assert seen.own_cpu_percent == 0.0
+    assert seen.own_cpu_percent < 5  # only the harness itself, which sleeps while it watches
     assert all(isinstance(pid, int) and isinstance(name, str) and pct > 0 for pid, name, pct in seen.cpu_top)
     own = idle.check(cpu_busy=99.9, interval_s=1.0, exclude={busy_loop.pid})
-    assert own.own_cpu_percent > 1  # the loop's share, on the whole-machine scale
+    assert own.own_cpu_percent > seen.own_cpu_percent + 1  # the loop's share, on the whole-machine scale
     assert busy_loop.pid not in [pid for pid, _, _ in own.cpu_top]
 
 

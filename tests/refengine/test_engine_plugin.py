@@ -92,3 +92,10 @@ def test_sweep_campaign_with_the_reference_engine(hf_gguf, tmp_path):
         assert len(t.user_attrs["tg_samples"]) == 2
         assert t.value == pytest.approx(statistics.median(t.user_attrs["tg_samples"]))  # objective: tg
         assert "autoinfer.refengine.worker" in t.user_attrs["engine_cmd"]
+    assert "llama-server" not in proc.stdout and "gdn:" in proc.stdout  # its own settings, not a llama.cpp command
+    cli = [sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study", "ref-sweep"]
+    env = {**os.environ, "AUTOINFER_RESULTS": str(results)}
+    refused = subprocess.run([*cli, "--format", "server"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and "use --format json or yaml" in refused.stderr
+    exported = subprocess.run([*cli, "--format", "yaml"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert exported.returncode == 0 and "llama_server" not in exported.stdout
