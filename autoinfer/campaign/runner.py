@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -49,7 +50,9 @@ def make_sampler(campaign: Campaign) -> optuna.samplers.BaseSampler:
     if campaign.sampler.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     startup = max(3, min(10, campaign.budget.trials // 3))
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True)
+    with warnings.catch_warnings():  # multivariate/group are stable in practice; the warning only adds noise
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True)
 
 
 @contextmanager
@@ -143,6 +146,12 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     study.tell(trial, pareto.values(m) if pareto.enabled(campaign) else value)
 
 
+def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | None:
+    """A REJECTED record for a combination the engine is known to refuse, so no process is started for it."""
+    reason = getattr(engine, "refusal", lambda _: None)(config)
+    return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
+
+
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
@@ -195,13 +204,16 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 config = aid.realize(to_config(campaign, params, models), trial)
                 trial.set_user_attr("config", config.to_params())
                 view.start(trial.number, params)
-                skipped = quality_gate.annotate(trial, config, qualities, campaign) or aid.before_run(trial, config)
+                skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
+                           or aid.before_run(trial, config))
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget
+                    trial.set_user_attr(store.UNMEASURED_ATTR, True)
                     record(study, trial, campaign, skipped)
                     view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
                     skips += 1
                     if skips > aid.max_skips(budget.trials):
-                        view.note(f"stopped: {skips} configurations in a row predicted over the memory budget")
+                        view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
+                                  "a combination the engine refuses)")
                         break
                     continue
                 skips = 0

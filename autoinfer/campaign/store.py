@@ -23,6 +23,7 @@ from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
 MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
+UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
 DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
@@ -70,9 +71,9 @@ def outcome_of(trial: FrozenTrial) -> str:
 
 def is_finished(trial: FrozenTrial) -> bool:
     """Counts against the trial budget: ended, not a stale trial whose configuration was re-queued, and not one
-    the memory model kept from running (predicted_infeasible costs no measurement)."""
+    recorded without a measurement (predicted over the memory budget, over max_kld, refused by the engine)."""
     return (trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
-            and trial.user_attrs.get("outcome") != Outcome.PREDICTED_INFEASIBLE.value)
+            and not trial.user_attrs.get(UNMEASURED_ATTR))
 
 
 def is_feasible_ok(trial: FrozenTrial) -> bool:

@@ -111,7 +111,8 @@ def _check_patterns(patterns: Iterable[str], separators: str, where: str) -> Non
 
 
 class LlamaToolsEngine:
-    """Base of the engines that run a llama.cpp build: the build is looked up once, on first use."""
+    """Base of the engines that run a llama.cpp build: looked up once, on first use, and built (once per machine,
+    cached) when none is found, so a first `autoinfer sweep` on a fresh machine just works."""
 
     binary = "llama-bench"  # the tool check() requires
 
@@ -124,11 +125,18 @@ class LlamaToolsEngine:
         if self._tools is None:
             from autoinfer.llama.binaries import find_tools
 
-            self._tools = find_tools(self._llama_bin)
+            self._tools = find_tools(self._llama_bin, build_if_missing=True)
         return self._tools
 
     def check(self) -> None:
         self.tools.tool(self.binary)
+
+    @staticmethod
+    def refusal(config: TrialConfig) -> str | None:
+        """Why llama.cpp would refuse this configuration at context creation, known without running it."""
+        if config.flash_attn == "off" and config.type_v not in ("f16", "bf16", "f32"):
+            return f"llama.cpp needs flash attention for a quantized V cache (type_v={config.type_v})"
+        return None
 
 
 class _Args:

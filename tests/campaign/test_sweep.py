@@ -1,0 +1,174 @@
+"""`autoinfer sweep` end to end with the real llama-bench on tiny synthetic models: store, resume, failures, export."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
+
+CAMPAIGN = """\
+name: {name}
+engine: llama-bench
+model: {models}
+space:
+  n_gpu_layers: 0
+  threads: 1
+  ubatch: [32, 64]
+  batch: [64, 128]
+  type_v: {type_v}
+  flash_attn: {flash_attn}
+budget: {{trials: {trials}}}
+measure: {{n_prompt: 16, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
+search: {{informed: false}}
+confirm: {{enabled: false}}
+drift: {{every: null}}
+idle: {{policy: "off"}}
+sampler: {{name: random, seed: 1}}
+"""
+
+
+def campaign(tmp_path: Path, models: list[Path], *, name: str = "e2e", trials: int = 4, n_gen: int = 4,
+             type_v: str = "[f16]", flash_attn: str = '["on"]') -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(CAMPAIGN.format(name=name, models="[" + ", ".join(f'"{m}"' for m in models) + "]",
+                                    trials=trials, n_gen=n_gen, type_v=type_v, flash_attn=flash_attn))
+    return path
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture
+def env(tmp_path, llama_tools) -> dict[str, str]:
+    return {**os.environ, "AUTOINFER_RESULTS": str(tmp_path / "results"), "AUTOINFER_LLAMA_BIN": str(llama_tools.bin_dir)}
+
+
+def study_of(tmp_path: Path, name: str = "e2e") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}")
+
+
+def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_model, env):
+    spaced = tmp_path / "my models" / "it's tiny.gguf"
+    spaced.parent.mkdir()
+    shutil.copy(tiny_model, spaced)
+    done = cli("sweep", str(campaign(tmp_path, [spaced])), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "llama-server" in done.stdout and "tok/s" in done.stdout
+    trials = study_of(tmp_path).trials
+    assert len(trials) == 4 and all(t.user_attrs["outcome"] == "ok" for t in trials)
+    for t in trials:
+        assert len(t.user_attrs["tg_samples"]) == 2 and len(t.user_attrs["pp_samples"]) == 2
+        assert t.user_attrs["rss_peak_mib"] > 0 and t.user_attrs["engine_cmd"][0].endswith("llama-bench")
+        folder = tmp_path / "results" / "e2e" / "trials" / str(t.number)
+        assert '"samples_ts"' in (folder / "raw_output.txt").read_text()
+        assert shlex.split((folder / "command.txt").read_text()) == t.user_attrs["engine_cmd"]
+    status = cli("status", "--study", "e2e", cwd=tmp_path, env=env)
+    assert status.returncode == 0 and "4 done of 4" in status.stdout
+    server = cli("export", "--study", "e2e", "--format", "server", cwd=tmp_path, env=env)
+    argv = shlex.split(server.stdout)
+    assert argv[0].endswith("llama-server") and argv[argv.index("-m") + 1] == str(spaced)
+    bench = shlex.split(cli("export", "--study", "e2e", "--format", "bench", cwd=tmp_path, env=env).stdout)
+    assert bench[bench.index("-m") + 1] == str(spaced)
+    run = subprocess.run([*bench, "-r", "1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and '"avg_ts"' in run.stdout  # the exported bench line runs as it is
+
+
+def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, env):
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(tiny_model.read_bytes()[: 200_000])  # a GGUF header whose tensor data is cut off
+    path = campaign(tmp_path, [tiny_model, corrupt], trials=6, type_v="[f16, q8_0]", flash_attn='["on", "off"]')
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(tmp_path).trials
+    by_outcome: dict[str, list] = {}
+    for t in trials:
+        by_outcome.setdefault(t.user_attrs["outcome"], []).append(t)
+    assert by_outcome.get("ok") and by_outcome.get("load_failed"), by_outcome.keys()
+    for t in by_outcome["load_failed"]:
+        assert t.params["model"] == str(corrupt) and t.user_attrs["reason"]
+    for t in by_outcome.get("rejected", []):  # known refusals are recorded without starting llama.cpp
+        assert t.user_attrs["unmeasured"] and "flash attention" in t.user_attrs["reason"]
+        assert t.params["type_v"] == "q8_0" and t.params["flash_attn"] == "off" and not t.user_attrs["engine_cmd"]
+    measured = [t for t in trials if not t.user_attrs.get("unmeasured")]
+    assert len(measured) == 6  # refusals cost no measurement and do not count against the budget
+
+
+def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_one(tmp_path, tiny_model, env):
+    path = campaign(tmp_path, [tiny_model], trials=4, n_gen=256)
+    proc = subprocess.Popen([*CLI, "sweep", str(path), "--quiet"], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = tmp_path / "results" / "autoinfer.db"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:  # wait for one finished trial and a second one running
+            time.sleep(0.2)
+            if not db.exists():
+                continue
+            try:
+                trials = study_of(tmp_path).trials
+            except (KeyError, optuna.exceptions.StorageInternalError):
+                continue
+            states = [t.state for t in trials]
+            if optuna.trial.TrialState.COMPLETE in states and states[-1] == optuna.trial.TrialState.RUNNING:
+                break
+        else:
+            pytest.fail("the sweep never had a finished and a running trial")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = {t.number: (t.params, t.value) for t in study_of(tmp_path).trials
+              if t.state == optuna.trial.TrialState.COMPLETE}
+    interrupted = study_of(tmp_path).trials[-1]
+    assert interrupted.state == optuna.trial.TrialState.RUNNING
+
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(tmp_path).trials
+    for number, (params, value) in before.items():  # nothing finished was lost or measured again
+        assert (trials[number].params, trials[number].value) == (params, value)
+    stale = trials[interrupted.number]
+    assert stale.state == optuna.trial.TrialState.FAIL and stale.user_attrs["stale"]
+    retry = [t for t in trials if t.system_attrs.get("fixed_params") == interrupted.params
+             or t.user_attrs.get("retry_of") == interrupted.number]
+    assert retry and retry[0].state == optuna.trial.TrialState.COMPLETE and retry[0].params == interrupted.params
+    finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")]
+    assert len(finished) == 4  # the budget counts what was done before the crash
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda text, tmp: text.replace("model: [", 'model: ["/nowhere/missing.gguf", '), "does not exist"),
+        (lambda text, tmp: text.replace("model: [", f'model: ["{tmp / "notes.txt"}", '), "not a GGUF file"),
+        (lambda text, tmp: text.replace("  threads: 1", "  threadz: 1"), "has no parameter 'threadz'"),
+        (lambda text, tmp: text.replace("ubatch: [32, 64]", "ubatch: []"), "empty list"),
+        (lambda text, tmp: text.replace("budget: {trials: 2}", "budget: {trials: 2}\nconstraints: {vram_mib: 0}"),
+         "constraints.vram_mib"),
+        (lambda text, tmp: text.replace("engine: llama-bench", "engine: llama-turbo"), "unknown engine"),
+    ],
+)
+def test_bad_input_exits_2_and_leaves_the_study_untouched(tmp_path, tiny_model, env, mutate, needle):
+    (tmp_path / "notes.txt").write_text("not a model")
+    good = campaign(tmp_path, [tiny_model], trials=2)
+    assert cli("sweep", str(good), "--quiet", cwd=tmp_path, env=env).returncode == 0
+    db = tmp_path / "results" / "autoinfer.db"
+    stored = [(t.number, t.state, t.params) for t in study_of(tmp_path).trials]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(mutate(good.read_text(), tmp_path))
+    mtime = db.stat().st_mtime_ns
+    done = cli("sweep", str(bad), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert db.stat().st_mtime_ns == mtime
+    assert [(t.number, t.state, t.params) for t in study_of(tmp_path).trials] == stored
