@@ -123,7 +123,8 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
               "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
     if m.outcome.is_memory:
-        trial.set_constraint("memory", 1.0)
+        if not any(v > 0 for v in trial.constraints.values()):  # a gate that found the cause (kld) already said so
+            trial.set_constraint("memory", 1.0)
         study.tell(trial, state=TrialState.PRUNED)
         return
     if m.outcome is Outcome.PRUNED:

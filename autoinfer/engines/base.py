@@ -22,7 +22,7 @@ class Outcome(str, Enum):
 
     OK = "ok"
     OOM = "oom"  # out of memory on the device or host
-    INFEASIBLE = "infeasible"  # ran, but over a memory budget of the campaign
+    INFEASIBLE = "infeasible"  # over a budget or constraint of the campaign (memory, max_kld)
     PREDICTED_INFEASIBLE = "predicted_infeasible"  # never run: the memory model says it cannot fit
     LOAD_FAILED = "load_failed"  # the engine could not load the model (corrupt file, unsupported type)
     REJECTED = "rejected"  # the engine refused the configuration (bad flag combination)

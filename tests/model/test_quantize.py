@@ -132,6 +132,7 @@ def test_sweep_marks_files_over_max_kld_infeasible(llama_tools, f16_model, ladde
         for t in ts:
             assert t.user_attrs["kld"] == q.kld and t.user_attrs["ppl"] == q.ppl
             assert t.constraints["kld"] == pytest.approx(q.kld - limit)
+            assert "memory" not in t.constraints  # over max_kld is a quality verdict, not a memory one
             if q.kld > limit:
                 assert t.user_attrs["outcome"] == "infeasible" and "max_kld" in t.user_attrs["reason"]
             elif t.state == optuna.trial.TrialState.COMPLETE:
