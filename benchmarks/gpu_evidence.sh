@@ -3,7 +3,9 @@
 #   LLAMA_BIN=DIR OUT=DIR bash benchmarks/gpu_evidence.sh STEP…
 # STEP: model (synthesize the 35B-A3B-shaped Q4_K stand-in), table (placement grid → replay table),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
-#       refengine (reference engine vs llama-bench on the small and 35B models).
+#       refengine (reference engine vs llama-bench on the small and 35B models),
+#       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
+#       sweep2gpu (a short informed campaign on two GPUs within 8 GiB each).
 # LLAMA_BIN is a CUDA llama.cpp bin folder (`autoinfer build --cuda` makes one); OUT receives tables and logs.
 set -euo pipefail
 : "${LLAMA_BIN:?set LLAMA_BIN to a CUDA llama.cpp bin folder}" "${OUT:?set OUT to an output folder}"
@@ -46,6 +48,21 @@ for step in "$@"; do
       python3 benchmarks/refengine_bench.py --model "$SMALL" --device cuda --dtype bf16 --out "$OUT/refengine"
       python3 benchmarks/refengine_bench.py --model "$BIG" --device cuda --dtype bf16 --budget-mib 16384 \
         --prefetch --out "$OUT/refengine"
+      ;;
+    multigpu)
+      python3 -m pytest -q -p no:cacheprovider tests/worker/test_multi_gpu_device.py 2>&1 | tee "$OUT/multi-gpu-tests.txt"
+      python3 benchmarks/make_table.py --model "$BIG" --n-prompt 512 --n-gen 64 --repetitions 3 \
+        --out "$OUT/2gpu-35b-experts.csv" --grid tensor_split=1/1,2/1 expert_split=layers,1/1,2/1 \
+        --fixed n_gpu_layers=99 placement=last cpu_expert_layers=24 flash_attn=on threads=16 ubatch=512
+      ;;
+    sweep2gpu)
+      sed -e "s|^model:.*|model: $BIG|" -e "s|^  trials: .*|  trials: 8|" -e "s|^  wall_s: .*|  wall_s: 240|" \
+        experiments/qwen35moe-8gb.yaml > "$MODELS/qwen35moe-2x8gb.yaml"
+      export AUTOINFER_RESULTS="$MODELS/results"
+      ai sweep "$MODELS/qwen35moe-2x8gb.yaml" --study 2gpu-8gb --quiet
+      ai status --study 2gpu-8gb
+      ai export --study 2gpu-8gb --format server
+      cp "$AUTOINFER_RESULTS/autoinfer.db" "$OUT/2gpu-8gb.db"
       ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

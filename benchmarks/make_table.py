@@ -6,6 +6,9 @@ GPU (H100):   python benchmarks/make_table.py --model synth:35b-a3b/Q4_K --out b
                   --grid n_gpu_layers=99 placement=first,last,even cpu_expert_layers=0-40+5 ubatch=512,1024 \
                   --fixed flash_attn=on threads=16 --n-prompt 512 --n-gen 64 --max-minutes 7 --resume
               (run it again until it reports every row; --resume keeps the rows already measured)
+2 GPUs:       python benchmarks/make_table.py --model synth:35b-a3b/Q4_K --out 2gpu.csv \
+                  --grid split_mode=layer,row tensor_split=1/1,2/1 --fixed n_gpu_layers=99 flash_attn=on
+              (with several GPUs visible, each row also has vram_gpu0_mib, vram_gpu1_mib, …: the peak per GPU)
 
 Every row is one engine run (one process), in a shuffled order so drift does not line up with a parameter; the
 table keeps each row's repetitions so replay can draw from its noise.
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoinfer.campaign.hardware import measured_gpu
+from autoinfer.campaign.hardware import measured_gpus
 from autoinfer.campaign.models import resolve_model
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(args.seed).shuffle(points)
     engine = base.create(args.engine)
     engine.check()
-    gpu = measured_gpu()  # device memory is sampled on this GPU; None on CPU-only machines
+    gpus = measured_gpus()  # device memory is sampled on these GPUs; none on CPU-only machines
     scratch = Path(tempfile.mkdtemp(prefix="make-table-"))
     rows = pd.read_csv(args.out).to_dict("records") if args.resume and args.out.is_file() else []
     done = {tuple(str(r.get(n)) for n in names) for r in rows}
@@ -86,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         params = {**fixed, **dict(zip(names, point)), "model": str(model), "n_prompt": args.n_prompt,
                   "n_gen": args.n_gen, "repetitions": args.repetitions}
         config = realize(TrialConfig.from_params(params), shape.n_layers)
-        m = engine.run(config, RunContext(timeout_s=args.timeout, artifacts=scratch, gpu_index=gpu))
+        m = engine.run(config, RunContext(timeout_s=args.timeout, artifacts=scratch, gpus=gpus))
         row = {**dict(zip(names, point)), "tg": m.tg, "pp": m.pp, "vram_mib": m.vram_peak_mib,
                "rss_mib": m.rss_peak_mib, "tg_samples": " ".join(f"{v:.4g}" for v in m.tg_samples),
                "pp_samples": " ".join(f"{v:.4g}" for v in m.pp_samples), "outcome": m.outcome.value,
                "wall_s": round(m.wall_s, 2)}
+        if len(gpus) > 1:
+            row.update({f"vram_gpu{k}_mib": v for k, v in enumerate(m.vram_per_gpu_mib)})
         rows.append(row)
         print(f"[{i + 1}/{len(points)}] {dict(zip(names, point))} {m.outcome.value} tg={m.tg} pp={m.pp} "
-              f"vram={m.vram_peak_mib} rss={m.rss_peak_mib} {m.reason[:80]}", flush=True)
+              f"vram={m.vram_per_gpu_mib or m.vram_peak_mib} rss={m.rss_peak_mib} {m.reason[:80]}", flush=True)
         pd.DataFrame(rows).dropna(axis=1, how="all").to_csv(args.out, index=False)  # keep what was measured if the run is cut short
     shape_path(args.out).write_text(shape.to_json())
     meta = {"model": model.name, "fixed": fixed, "n_prompt": args.n_prompt, "n_gen": args.n_gen,

@@ -100,7 +100,7 @@ def main() -> None:
                     trial = study.ask()
                     started = time.monotonic()
                     ctx = RunContext(timeout_s=600, artifacts=Path(tmp) / str(trial.number),
-                                     gpu_index=guard.gpu_index)  # device memory sampled, as in a sweep
+                                     gpus=guard.gpus)  # device memory sampled, as in a sweep
                     m = guard.measure(trial, config, lambda c=config, x=ctx: engine.run(c, x))
                     wall = time.monotonic() - started
                     study.tell(trial, m.tg or 0.0)

@@ -9,6 +9,8 @@ patterns. Kept a small pure function over ModelInfo so a richer memory model can
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
@@ -107,3 +109,42 @@ def placement_bytes(model: _Model, n_gpu_layers: int, n_cpu_moe: int = 0,
         totals[on_cpu] += t.n_bytes
         active[on_cpu] += t.n_bytes * _active_fraction(model, t.group)
     return PlacementBytes(totals[False], totals[True], active[False], active[True])
+
+
+_DEVICE_BUFFER = re.compile(r"[A-Za-z]+(\d+)")  # CUDA1, Vulkan0, ROCm1: the device's index among the visible ones
+
+
+def layer_devices(n_layers: int, n_gpu_layers: int, shares: Sequence[float]) -> list[int | None]:
+    """The device of each layer (index n_layers is the output layer); None: on the CPU. As llama_model::load_tensors
+    does it: the offloaded layers are cut at the cumulative shares of the tensor split (upper_bound)."""
+    first = max(n_layers + 1 - max(n_gpu_layers, 0), 0)
+    active = min(max(n_gpu_layers, 0), n_layers + 1)
+    total = sum(shares)
+    points = [c / total for c in itertools.accumulate(shares)]
+    out: list[int | None] = []
+    for il in range(n_layers + 1):
+        offloaded = first <= il and il - first < active
+        out.append(min(bisect.bisect_right(points, (il - first) / active), len(shares) - 1) if offloaded else None)
+    return out
+
+
+def device_bytes(model: _Model, n_gpu_layers: int, n_cpu_moe: int, override_tensors: Sequence[str],
+                 shares: Sequence[float]) -> tuple[int, ...]:
+    """Weight bytes on each of len(shares) devices: layers by the tensor split, then `=CPU` / `=CUDAk` overrides
+    (first match wins), the input embeddings on the CPU."""
+    devices = layer_devices(model.n_layers, n_gpu_layers, shares)
+    rules = []
+    for pattern in (*override_tensors, *ncmoe_patterns(max(n_cpu_moe, 0))):
+        regex, _, buffer = pattern.rpartition("=")
+        named = _DEVICE_BUFFER.fullmatch(buffer)
+        rules.append((re.compile(regex), None if buffer.upper().startswith("CPU") or named is None
+                      else int(named.group(1))))
+    totals = [0] * len(shares)
+    for t in model.tensors:
+        rule = next((device for regex, device in rules if regex.search(t.name)), -1)
+        if rule == -1:
+            rule = None if t.group == "embeddings" and t.name.startswith("token_embd") else \
+                devices[model.n_layers if t.layer is None else t.layer]
+        if rule is not None and rule < len(totals):
+            totals[rule] += t.n_bytes
+    return tuple(totals)

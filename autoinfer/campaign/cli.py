@@ -54,7 +54,7 @@ def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt)
 def export(
     study: Optional[str] = StudyOpt,
     storage: Optional[str] = StorageOpt,
-    format: str = typer.Option("server", "--format", help="server | bench | json | yaml"),
+    format: str = typer.Option("server", "--format", help="server | bench | python | json | yaml"),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of standard output."),
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=1,
                                                 help="Pick from the Pareto front: the best within this many MiB."),

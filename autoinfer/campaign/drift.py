@@ -2,9 +2,10 @@
 
 Thermal throttling or another program on the machine makes every trial measured meanwhile look worse than it
 is, and a search then crowns whatever ran before. The anchor is the first successful trial's configuration
-(with `drift.baseline` overriding parameters), measured after that trial, every `drift.every` trials and at the
-end. When its score moves more than `drift.threshold` from its first value, the trials since the last good
-anchor are flagged (left out of the best and the confirmation) and queued again, and the campaign backs off and
+(with `drift.baseline` overriding parameters), measured `drift.reference_runs` times after that trial, then every
+`drift.every` trials and at the end. The reference runs span the machine's own run-to-run spread (a process that
+lands on a slower core or clock can measure 40% off on a small VM); an anchor drifts when its score falls more
+than `drift.threshold` outside that span, and then the trials since the last good anchor are flagged (left out of the best and the confirmation) and queued again, and the campaign backs off and
 re-measures the anchor until it recovers or `drift.max_backoffs` is spent. Everything is kept in the study user
 attribute `drift`; the flagged trial numbers in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
 
@@ -15,6 +16,7 @@ checked on one's own machine.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -111,8 +113,9 @@ class DriftAnchor:
     def _finished(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.study.get_trials(deepcopy=False) if store.is_finished(t)]
 
-    def _reference(self) -> dict[str, Any] | None:
-        return next((a for a in self.state["anchors"] if a["score"] is not None), None)
+    def _reference(self) -> list[float]:
+        """The scores of the successful start runs: the band a later anchor is judged against."""
+        return [a["score"] for a in self.state["anchors"] if a["label"] == "start" and a["score"] is not None]
 
     def _last_good(self) -> dict[str, Any] | None:
         good = [a for a in self.state["anchors"] if not a["drifted"]]
@@ -134,9 +137,10 @@ class DriftAnchor:
         index = len(self.state["anchors"])
         m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(index))
         value = _score(m, self.weights)
-        ref = self._reference()
-        ratio = value / ref["score"] if value is not None and ref is not None else None
-        drifted = value is None or (ratio is not None and abs(ratio - 1.0) > self.spec.threshold)
+        ref = self._reference() if label != "start" else []
+        ratio = value / statistics.median(ref) if value is not None and ref else None
+        t = self.spec.threshold
+        drifted = value is None or bool(ref) and not min(ref) * (1 - t) <= value <= max(ref) * (1 + t)
         entry = {
             "index": index, "label": label, "after_trial": after_trial, "time": time.time(),
             "outcome": m.outcome.value, "reason": m.reason[:500], "score": value, "ratio": ratio,
@@ -147,8 +151,18 @@ class DriftAnchor:
         self._save()
         shown = f"{value:.2f}" if value is not None else m.outcome.value
         self.note(f"drift anchor ({label}, after trial {after_trial}): {shown}"
-                  + (f", {ratio:.2f}× its first value" if ratio is not None else ""))
+                  + (f", {ratio:.2f}× its reference" if ratio is not None else ""))
         return entry
+
+    def measure_reference(self, after_trial: int) -> None:
+        """The start runs; their spread is the machine's run-to-run noise, which no later anchor is blamed for."""
+        for _ in range(self.spec.reference_runs):
+            self.measure(after_trial, "start")
+        ref = self._reference()
+        if len(ref) > 1 and max(ref) / min(ref) - 1 > self.spec.threshold:
+            self.note(f"drift anchor: its {len(ref)} reference runs spread {max(ref) / min(ref) - 1:.0%} on this "
+                      f"machine; a single trial cannot tell configurations that close apart (the confirmation "
+                      f"does), and drift is judged outside that spread")
 
     def _flag_since_last_good(self, upto: int) -> list[int]:
         """Flag and re-queue the trials measured since the last good anchor."""
@@ -177,9 +191,9 @@ class DriftAnchor:
         due = not anchors or since >= self.spec.every
         if not due:
             return
-        if self._reference() is None:  # no successful anchor yet: this one becomes the reference
+        if not self._reference():  # no successful anchor yet: these runs become the reference
             if self._config() is not None:
-                self.measure(number, "start")
+                self.measure_reference(number)
             return
         self.check(number, "periodic", backoff=True)
 
@@ -199,7 +213,7 @@ class DriftAnchor:
 
     def finish(self) -> None:
         """The end anchor, when trials ran since the last one; re-queued trials wait for the next sweep."""
-        if not self.enabled or self._reference() is None:
+        if not self.enabled or not self._reference():
             return
         last = self.state["anchors"][-1]["after_trial"]
         after = [t.number for t in self._finished() if t.number > last]
@@ -222,7 +236,7 @@ def status_line(study: optuna.Study) -> str | None:
     flagged = sorted(flagged_trials(study))
     text = f"{len(anchors)} anchor runs, {drifts} drifted"
     if ratios:
-        text += f", ratio to the first {min(ratios):.2f}–{max(ratios):.2f}"
+        text += f", ratio to the reference {min(ratios):.2f}–{max(ratios):.2f}"
     if flagged:
         text += f"; trials {', '.join(map(str, flagged))} flagged and re-queued"
     return text

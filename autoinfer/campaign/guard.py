@@ -20,7 +20,7 @@ from autoinfer.campaign import store
 from autoinfer.campaign.store import write_run_files
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirm
 from autoinfer.campaign.drift import DriftAnchor, LoadInjector
-from autoinfer.campaign.hardware import measured_gpu
+from autoinfer.campaign.hardware import measured_gpus
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.errors import UserError
@@ -42,11 +42,11 @@ def noisiest(m: Measurement, weights: dict[str, float]) -> float | None:
 
 
 def run_engine(engine: Engine, config: TrialConfig, campaign: Campaign, artifacts: Path, *,
-               gpu_index: int | None, on_first_sample: Callable[[float], bool] | None = None) -> Measurement:
+               gpus: tuple[int, ...], on_first_sample: Callable[[float], bool] | None = None) -> Measurement:
     """One isolated measurement; an engine bug becomes a CRASH outcome instead of ending the campaign."""
     artifacts.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=artifacts, gpu_index=gpu_index,
+    ctx = RunContext(timeout_s=campaign.measure.timeout_s, artifacts=artifacts, gpus=gpus,
                      on_first_sample=on_first_sample)
     try:
         return engine.run(config, ctx)
@@ -70,6 +70,7 @@ def pooled(first: Measurement, second: Measurement) -> Measurement:
         engine_s=(first.engine_s or 0.0) + (second.engine_s or 0.0) if first.engine_s or second.engine_s else None,
         vram_peak_mib=peak(first.vram_peak_mib, second.vram_peak_mib),
         rss_peak_mib=peak(first.rss_peak_mib, second.rss_peak_mib),
+        vram_per_gpu_mib=tuple(max(a, b) for a, b in zip(first.vram_per_gpu_mib, second.vram_per_gpu_mib)),
     )
 
 
@@ -82,7 +83,7 @@ class TrialGuard:
         self.campaign = campaign
         self.engine = engine
         self.note = note
-        self.gpu_index = measured_gpu()
+        self.gpus = measured_gpus()
         self.weights = campaign.objective_weights()
         self.load = LoadInjector(campaign.inject_load, note)
         self.anchor = DriftAnchor(study, campaign, self.extra_run, note)
@@ -90,8 +91,8 @@ class TrialGuard:
     def extra_run(self, config: TrialConfig, folder: Path) -> Measurement:
         """A run outside the trial sequence, with the same idle check and environment record as a trial."""
         seen = self.idle_check()
-        start = environment.begin(self.gpu_index)
-        m = run_engine(self.engine, config, self.campaign, folder, gpu_index=self.gpu_index)
+        start = environment.begin(self.gpus)
+        m = run_engine(self.engine, config, self.campaign, folder, gpus=self.gpus)
         write_run_files(folder, m)
         return replace(m, env={**m.env, **self.environment(start, config, m), "idle": seen})
 
@@ -105,7 +106,7 @@ class TrialGuard:
     def environment(self, start: environment.EnvironmentStart, config: TrialConfig,
                     m: Measurement) -> dict[str, Any]:
         tokens = len(m.pp_samples) * config.n_prompt + len(m.tg_samples) * config.n_gen
-        return environment.finish(start, gpu_index=self.gpu_index, model=config.model,
+        return environment.finish(start, gpus=self.gpus, model=config.model,
                                   tools=getattr(self.engine, "tools", None), tokens=tokens or None)
 
     def measure(self, trial: optuna.Trial, config: TrialConfig, run: Callable[[], Measurement]) -> Measurement:
@@ -116,7 +117,7 @@ class TrialGuard:
         """
         self.load.before_trial(trial.number)
         trial.set_user_attr("idle", self.idle_check())
-        start = environment.begin(self.gpu_index)
+        start = environment.begin(self.gpus)
         m = run()
         m = replace(m, env={**m.env, **self.environment(start, config, m)})
         spread = noisiest(m, self.weights) if m.ok else None
@@ -124,7 +125,7 @@ class TrialGuard:
         if spread is not None and limit is not None and spread > limit and self.campaign.measure.rerun_noisy:
             self.note(f"trial {trial.number}: spread {spread:.1%} over max_cv {limit:.0%}; measuring it again")
             write_run_files(trial_dir(self.study.study_name, trial.number) / "first_run", m)
-            start = environment.begin(self.gpu_index)
+            start = environment.begin(self.gpus)
             second = run()
             second = replace(second, env={**second.env, **self.environment(start, config, second)})
             trial.set_user_attr("noise", {"first_cv": spread, "max_cv": limit, "rerun": True,

@@ -22,6 +22,7 @@ from autoinfer.campaign.spec import Campaign
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import GpuInfo, list_gpus
 from autoinfer.measure.host import Fingerprint, fingerprint
+from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
 
 CLASS_ATTR = "hardware_class"  # study attr: {"digest": …, "fields": {…}}
 TRIAL_HOST_ATTR = "host"  # trial attr: {"hostname", "pid", "hardware_class", "cuda_visible_devices"}
@@ -86,10 +87,9 @@ def visible_gpus() -> list[GpuInfo]:
     return picked
 
 
-def measured_gpu() -> int | None:
-    """NVML index of the GPU whose memory a trial's peak is read from: the first one this worker sees."""
-    gpus = visible_gpus()
-    return gpus[0].index if gpus else None
+def measured_gpus() -> tuple[int, ...]:
+    """NVML indices of the GPUs whose memory a trial's peaks are read from: every one this worker sees."""
+    return tuple(g.index for g in visible_gpus())
 
 
 def split_choices(n_gpus: int) -> list[str]:
@@ -99,12 +99,33 @@ def split_choices(n_gpus: int) -> list[str]:
     return ["/".join(equal), "/".join(["2", *equal[1:]]), "/".join([*equal[:-1], "2"])]
 
 
+def check_split_counts(campaign: Campaign, n_gpus: int) -> None:
+    """A tensor or expert split names one share per GPU; a share for a GPU this worker does not see is an error
+    now, not a failed load in every trial."""
+    for name in ("tensor_split", "expert_split"):
+        spec = campaign.space.get(name)
+        for value in spec if isinstance(spec, list) else [spec] if isinstance(spec, str) else []:
+            if value != FOLLOW_LAYERS and len(split_shares(value)) != n_gpus:
+                raise UserError(f"space.{name}: {value!r} gives {len(split_shares(value))} GPU share(s) but this "
+                                f"worker sees {n_gpus} GPU(s); give one share per GPU (CUDA_VISIBLE_DEVICES, --gpus)")
+
+
 def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
-    """The campaign with llama.cpp's multi-GPU knobs (split_mode, tensor_split) searched when this worker sees more
-    than one GPU and the campaign does not set them itself. Every worker of a study is of one hardware class, so
-    they all see the same GPU count and the same space."""
-    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
-    if n_gpus < 2 or campaign.engine != "llama-bench":
+    """The campaign with llama.cpp's multi-GPU knobs searched when this worker sees more than one GPU and the
+    campaign does not set them itself: tensor_split and, where the campaign places experts, expert_split (which
+    GPU holds the experts left on the device). Every worker of a study is of one hardware class, so they all see
+    the same GPU count and the same space.
+
+    split_mode stays llama.cpp's default (layer) unless the campaign searches it: on two H200s with llama.cpp
+    0c1e570, `-sm row` fails to load a qwen35moe model (no split buffers) and `-sm tensor` aborts, so adding them
+    would only spend trials on failures (benchmarks/results/multi-gpu-h200x2.md)."""
+    if campaign.engine not in ("llama-bench", "llama-server"):  # the engines that run on this worker's GPUs
         return campaign
-    added = {"split_mode": ["layer", "row"], "tensor_split": split_choices(n_gpus)}
+    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
+    check_split_counts(campaign, n_gpus)
+    if n_gpus < 2:
+        return campaign
+    added: dict[str, Any] = {"tensor_split": split_choices(n_gpus)}
+    if any(k in campaign.space for k in ("n_cpu_moe", "placement", "cpu_expert_layers")):
+        added["expert_split"] = [FOLLOW_LAYERS, *split_choices(n_gpus)]
     return campaign.model_copy(update={"space": {**added, **campaign.space}})

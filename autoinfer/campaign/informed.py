@@ -24,11 +24,12 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign import store
+from autoinfer.campaign import hardware, store
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
 from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.model.placement import (
+    FOLLOW_LAYERS,
     PLACEMENT_KEYS,
     MemoryModel,
     ModelShape,
@@ -40,6 +41,7 @@ from autoinfer.model.placement import (
 
 LABEL_ATTR = "label"
 FIT_OVERRIDE_ATTR = "fit_override_tensors"
+FIT_SPLIT_ATTR = "fit_tensor_split"  # llama-fit-params' -ts on several GPUs, in llama-bench's "a/b" notation
 MEMORY_ATTR = "memory_model"  # study attribute: the calibration's size and error
 NOTES_ATTR = "search_notes"  # study attribute: what the informed start did or why it could not
 PLACEMENT_PARAMS = ("n_gpu_layers", "n_cpu_moe", *PLACEMENT_KEYS)
@@ -79,7 +81,8 @@ class SearchAid:
     shapes: dict[str, ModelShape] = field(default_factory=dict)
     memory: dict[str, MemoryModel] = field(default_factory=dict)
     side: str | None = None  # "device" (vram_mib budget) or "host" (ram_mib budget); None: no budget
-    budget_mib: float | None = None
+    budget_mib: float | None = None  # per GPU on several GPUs
+    n_gpus: int = 1  # GPUs this worker measures; the memory model predicts each one's peak
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -88,13 +91,17 @@ class SearchAid:
         c = campaign.constraints
         aid.side, aid.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
             else (None, None)
+        aid.n_gpus = getattr(engine, "n_gpus", None) or max(len(hardware.measured_gpus()), 1)  # replay: the table's
+        if aid.side == "device" and aid.n_gpus > 1:
+            aid.notes.append(f"{aid.n_gpus} GPUs: the memory model predicts each GPU's peak against "
+                             f"{c.vram_mib:.0f} MiB (layers shared by tensor_split, experts by expert_split)")
         needs_shape = aid.side is not None or any(k in campaign.space for k in PLACEMENT_KEYS)
         for path in dict.fromkeys(models.values()):
             shape = aid._shape(path) if needs_shape else None
             if shape is not None:
                 aid.shapes[path] = shape
                 if aid.side is not None:
-                    aid.memory[path] = MemoryModel(shape, aid.side)
+                    aid.memory[path] = MemoryModel(shape, aid.side, aid.n_gpus)
         return aid
 
     def _shape(self, path: str) -> ModelShape | None:
@@ -111,7 +118,11 @@ class SearchAid:
     # -- per trial ------------------------------------------------------------------------------------------
     def realize(self, config: TrialConfig, trial: optuna.Trial) -> TrialConfig:
         """Placement parameters → tensor overrides (for engines that do not take them as such); a
-        llama-fit-params baseline gets its own overrides."""
+        llama-fit-params baseline gets its own overrides and tensor split."""
+        split = trial.user_attrs.get(FIT_SPLIT_ATTR)
+        if split is not None:
+            kept = tuple((k, v) for k, v in config.extra if k != "tensor_split")
+            config = config.with_(extra=(*kept, ("tensor_split", split)))
         fit = trial.user_attrs.get(FIT_OVERRIDE_ATTR)
         if fit is not None:
             extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
@@ -166,13 +177,13 @@ class SearchAid:
         """Refit each model's memory model to the peaks measured so far; store its error on the study."""
         if not self.memory:
             return
-        key = "vram_peak_mib" if self.side == "device" else "rss_peak_mib"
-        by_model: dict[str, list[tuple[TrialConfig, float]]] = {}
+        by_model: dict[str, list[tuple[TrialConfig, Any]]] = {}
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            peak = t.user_attrs.get(key)
+            peak = t.user_attrs.get("rss_peak_mib") if self.side == "host" else \
+                t.user_attrs.get("vram_per_gpu_mib") if self.n_gpus > 1 else t.user_attrs.get("vram_peak_mib")
             if peak and t.user_attrs.get("outcome") in ("ok", "infeasible", "pruned") and "config" in t.user_attrs:
                 config = store.config_of(t)
-                by_model.setdefault(str(config.model), []).append((config, float(peak)))
+                by_model.setdefault(str(config.model), []).append((config, peak))
         summary = {}
         for path, model in self.memory.items():
             cal = model.calibrate(by_model.get(path, []))
@@ -218,8 +229,9 @@ class SearchAid:
             queued.insert(1, baseline)
         for params, label in queued:
             attrs = {LABEL_ATTR: label}
-            if FIT_OVERRIDE_ATTR in params:
-                attrs[FIT_OVERRIDE_ATTR] = params.pop(FIT_OVERRIDE_ATTR)
+            for key in (FIT_OVERRIDE_ATTR, FIT_SPLIT_ATTR):
+                if key in params:
+                    attrs[key] = params.pop(key)
             study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
         study.set_user_attr(NOTES_ATTR, self.notes)
         return len(queued)
@@ -227,7 +239,8 @@ class SearchAid:
     def placements(self, path: str, model_name: str, searched: dict[str, Any]) -> list[dict[str, Any]]:
         """Searched-parameter sets: the placement with the most weight bytes on the device that is predicted to
         fit (prediction + 1 std), then its neighbours (one or two expert layers either way, other patterns),
-        ordered by how close they are."""
+        ordered by how close they are. On several GPUs each placement takes the tensor and expert split that
+        leave its fullest GPU emptiest."""
         model = self.memory[path]
         shape = self.shapes[path]
         base = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
@@ -249,11 +262,13 @@ class SearchAid:
             merged = {**self.campaign.fixed(), **params, "model": path}
             return realize(TrialConfig.from_params(merged), shape.n_layers)
 
+        splits = [n for n in ("tensor_split", "expert_split") if n in searched]
+        variants = [dict(zip(splits, v)) for v in itertools.product(*(_allowed(self.campaign, n) for n in splits))]
         for ngl in ngl_values:
             scored = []
-            for size, combo in combos:
-                params = params_of(ngl, combo)
-                pred = model.predict(config_of(params))
+            for size, combo in combos:  # on several GPUs, with the splits that leave the fullest GPU emptiest
+                candidates = [params_of(ngl, {**combo, **v}) for v in variants]
+                pred, params = min(((model.predict(config_of(p)), p) for p in candidates), key=lambda c: c[0].mib)
                 scored.append((size, pred, params))
             fitting = [s for s in scored if s[1].mib + s[1].std_mib <= self.budget_mib]
             if not fitting:
@@ -281,11 +296,11 @@ class SearchAid:
     def fit_params_trial(self, path: str, model_name: str,
                          searched: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
         """llama-fit-params' placement for the same budget, as searched parameters (or raw overrides)."""
-        answer = run_fit_params(self.engine, Path(path), self.campaign, self.budget_mib, self.notes) \
-            if self.side == "device" else None
+        answer = run_fit_params(self.engine, Path(path), self.campaign, self.campaign.constraints.vram_mib,
+                                self.notes) if self.side == "device" else None
         if answer is None:
             return None
-        ngl, patterns = answer
+        ngl, patterns, split = answer
         shape = self.shapes[path]
         layers = layers_on_cpu(patterns, shape.tensor_names)
         params = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
@@ -295,7 +310,8 @@ class SearchAid:
             params["n_gpu_layers"] = ngl if ngl in (_allowed(self.campaign, "n_gpu_layers") or []) else max(
                 _allowed(self.campaign, "n_gpu_layers"))
         last = cpu_expert_layers("last", len(layers), shape.n_layers)
-        if set(last) == set(layers) and "last" in (_allowed(self.campaign, "placement") or []) \
+        only_cpu = all(p.rpartition("=")[2].upper().startswith("CPU") for p in patterns)  # no per-GPU overrides
+        if only_cpu and set(last) == set(layers) and "last" in (_allowed(self.campaign, "placement") or []) \
                 and len(layers) in (_allowed(self.campaign, "cpu_expert_layers") or []):
             params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})
         else:
@@ -305,14 +321,22 @@ class SearchAid:
             if "placement" in searched:
                 params["placement"] = _allowed(self.campaign, "placement")[0]
             params[FIT_OVERRIDE_ATTR] = list(patterns)
-        return params, f"baseline: llama-fit-params for {self.budget_mib:.0f} MiB"
+        if FOLLOW_LAYERS in (_allowed(self.campaign, "expert_split") or []):  # as llama-fit-params placed them
+            params["expert_split"] = FOLLOW_LAYERS
+        if split is not None:
+            if "tensor_split" in searched:
+                params["tensor_split"] = _allowed(self.campaign, "tensor_split")[0]
+            params[FIT_SPLIT_ATTR] = split
+        per_gpu = f" per GPU on {self.n_gpus} GPUs" if self.n_gpus > 1 else ""
+        return params, f"baseline: llama-fit-params for {self.campaign.constraints.vram_mib:.0f} MiB{per_gpu}"
 
 
 FIT_LINE = re.compile(r"^-c\s+\d+\s+-ngl\s+(-?\d+)(.*)$")
 
 
-def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...]]:
-    """`-c N -ngl N [-ts …] [-ot "p1,p2"]` (llama-fit-params' last line) → (n_gpu_layers, override patterns)."""
+def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...], str | None]:
+    """`-c N -ngl N [-ts a,b] [-ot "p1,p2"]` (llama-fit-params' last line) → (n_gpu_layers, override patterns,
+    tensor split as "a/b" or None)."""
     for line in reversed(stdout.strip().splitlines()):
         m = FIT_LINE.match(line.strip())
         if not m:
@@ -321,36 +345,39 @@ def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...]]:
         patterns: tuple[str, ...] = ()
         if "-ot" in rest:
             patterns = tuple(p for p in rest[rest.index("-ot") + 1].split(",") if p)
-        return int(m.group(1)), patterns
+        split = rest[rest.index("-ts") + 1].replace(",", "/") if "-ts" in rest else None
+        return int(m.group(1)), patterns, split
     raise ValueError("no '-c N -ngl N' line in llama-fit-params output")
 
 
 def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: float,
-                   notes: list[str]) -> tuple[int, tuple[str, ...]] | None:
-    """Ask llama-fit-params for the placement that leaves (free − budget) MiB free on GPU 0; None with a note
-    when it cannot answer (no GPU, the tool missing, or it failed)."""
+                   notes: list[str]) -> tuple[int, tuple[str, ...], str | None] | None:
+    """Ask llama-fit-params for the placement that leaves (free − budget) MiB free on each GPU this worker sees;
+    None with a note when it cannot answer (no GPU, the tool missing, or it failed)."""
     if engine.name not in ("llama-bench", "llama-server"):
         notes.append(f"no llama-fit-params baseline for engine {engine.name!r}")
         return None
     from autoinfer.llama.binaries import find_tools
-    from autoinfer.measure.gpu import list_gpus, memory_used_mib
+    from autoinfer.measure.gpu import memory_used_mib
     from autoinfer.measure.process import run_isolated
 
-    gpus = list_gpus()
+    gpus = hardware.visible_gpus()
     if not gpus:
         notes.append("no GPU: no llama-fit-params baseline")
         return None
-    used = memory_used_mib(gpus[0].index) or 0.0
-    margin = int(gpus[0].memory_total_mib - used - budget_mib)
-    if margin < 0:
-        notes.append(f"GPU 0 has less free memory than the {budget_mib:.0f} MiB budget: no llama-fit-params baseline")
+    margins = [int(g.memory_total_mib - (memory_used_mib(g.index) or 0.0) - budget_mib) for g in gpus]
+    if min(margins) < 0:
+        short = gpus[margins.index(min(margins))].index
+        notes.append(f"GPU {short} has less free memory than the {budget_mib:.0f} MiB budget: "
+                     "no llama-fit-params baseline")
         return None
     tools = find_tools()
     m = campaign.measure
     fixed = campaign.fixed()
     n_ctx = m.n_prompt + m.n_gen
-    argv = [str(tools.tool("llama-fit-params")), "-m", str(model), "-fitt", str(margin), "-c", str(n_ctx),
-            "-fitc", str(n_ctx), "-b", str(fixed.get("batch", 2048)), "-ub", str(fixed.get("ubatch", 512))]
+    argv = [str(tools.tool("llama-fit-params")), "-m", str(model), "-fitt", ",".join(map(str, margins)),
+            "-c", str(n_ctx), "-fitc", str(n_ctx), "-b", str(fixed.get("batch", 2048)),
+            "-ub", str(fixed.get("ubatch", 512))]
     result = run_isolated(argv, timeout_s=300)
     try:
         answer = parse_fit_params(result.stdout)
@@ -358,7 +385,8 @@ def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: 
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         notes.append(f"llama-fit-params gave no answer (exit {result.returncode}): {tail[:200]}")
         return None
-    notes.append(f"llama-fit-params: {shlex.join(argv)} → -ngl {answer[0]}, {len(answer[1])} override(s)")
+    notes.append(f"llama-fit-params: {shlex.join(argv)} → -ngl {answer[0]}, {len(answer[1])} override(s)"
+                 + (f", -ts {answer[2]}" if answer[2] else ""))
     return answer
 
 

@@ -69,8 +69,10 @@ class SweepProgress:
     def start(self, number: int, params: dict[str, Any]) -> None:
         self.progress.update(self.task, description=f"trial {number}: {describe(params)}")
 
-    def finish(self, trial: FrozenTrial, best: store.Best | None) -> None:
-        self.progress.advance(self.task)
+    def finish(self, trial: FrozenTrial, best: store.Best | None, *, counted: bool = True) -> None:
+        """Print the trial; the bar counts only trials charged to the budget (a rejected one is not)."""
+        if counted:
+            self.progress.advance(self.task)
         if not self.enabled:
             return
         self.progress.console.print(trial_line(trial))

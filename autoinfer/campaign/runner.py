@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -115,16 +115,17 @@ def reclaim_stale(study: optuna.Study, stale: list[optuna.trial.FrozenTrial] | N
 
 
 def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Measurement) -> None:
-    """Store a measurement and tell Optuna; memory outcomes become constraint violations, not scores."""
+    """Store a measurement and tell Optuna; memory outcomes and configurations the engine refuses become constraint
+    violations, not scores (so the sampler steers away from them instead of proposing them again)."""
     for key, value in store.measurement_attrs(m).items():
         trial.set_user_attr(key, value)
     store.write_run_files(trial_dir(study.study_name, trial.number), m)
     weights = campaign.objective_weights()
     limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
               "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
-    if m.outcome.is_memory:
+    if m.outcome.is_memory or m.outcome is Outcome.REJECTED:
         if not any(v > 0 for v in trial.constraints.values()):  # a gate that found the cause (kld) already said so
-            trial.set_constraint("memory", 1.0)
+            trial.set_constraint("memory" if m.outcome.is_memory else "rejected", 1.0)
         study.tell(trial, state=TrialState.PRUNED)
         return
     if m.outcome is Outcome.PRUNED:
@@ -156,7 +157,7 @@ def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | No
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
-    return run_engine(engine, config, campaign, trial_dir(study_name, number), gpu_index=hardware.measured_gpu(),
+    return run_engine(engine, config, campaign, trial_dir(study_name, number), gpus=hardware.measured_gpus(),
                       on_first_sample=on_first_sample)
 
 
@@ -186,15 +187,14 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         aid.after_run(study)
         skips = 0
         done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
-        spent_s = sum(float(t.user_attrs.get("wall_s") or 0.0) for t in done)
-        session_start = time.monotonic()
+        session_start = datetime.now()
         ran = 0
         with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
                 TrialGuard(study, campaign, engine, view.note) as guard, \
                 worker.SharedBudget(study, budget.trials, machine, view.note) as gate:
             host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
             while len(done) + ran < budget.trials:
-                if budget.wall_s is not None and spent_s + time.monotonic() - session_start >= budget.wall_s:
+                if budget.wall_s is not None and store.elapsed_s(study, session_start) >= budget.wall_s:
                     view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
                     break
                 trial = gate.ask(dists)
@@ -210,7 +210,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget
                     trial.set_user_attr(store.UNMEASURED_ATTR, True)
                     record(study, trial, campaign, skipped)
-                    view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
+                    view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()),
+                                counted=False)
                     skips += 1
                     if skips > aid.max_skips(budget.trials):
                         view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "

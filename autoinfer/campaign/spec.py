@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.errors import UserError
-from autoinfer.model.placement import PATTERNS, PLACEMENT_KEYS
+from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
 
 SYNTH_PREFIX = "synth:"  # "synth:tiny" or "synth:tiny/Q4_0": a synthetic model made (and cached) on first use
 
@@ -121,7 +121,8 @@ class Drift(_Strict):
     """A fixed anchor configuration re-measured during the campaign (autoinfer.campaign.drift)."""
 
     every: int | None = Field(10, ge=1)  # trials between anchor runs; null turns the anchor off
-    threshold: float = Field(0.2, gt=0, lt=1)  # relative change of the anchor's median that counts as drift
+    threshold: float = Field(0.2, gt=0, lt=1)  # relative change beyond the reference runs that counts as drift
+    reference_runs: int = Field(3, ge=1)  # start runs of the anchor; their spread is the machine's own noise
     backoff_s: float = Field(30, ge=0)  # wait after a drift before measuring the anchor again
     max_backoffs: int = Field(3, ge=0)  # waits before the campaign goes on with the drift recorded
     baseline: dict[str, Scalar] = Field(default_factory=dict)  # overrides of the first OK trial's configuration
@@ -269,9 +270,12 @@ def _int_in(low: int, high: int | None) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v and (high is None or v <= high)
 
 
-# llama-bench priority and thread placement (engines.llama_common.BENCH_EXTRAS), with what each value must be: a
-# bad one fails here, before the first trial, instead of as a trial llama-bench rejects.
-_BENCH_KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
+_SPLIT = re.compile(r"\d+(\.\d+)?(/\d+(\.\d+)?)+")  # a share per GPU, llama.cpp's "3/1"
+
+# llama-bench priority, thread placement and GPU split (engines.llama_common.BENCH_EXTRAS) and the per-GPU expert
+# split, with what each value must be: a bad one fails here, before the first trial, instead of as a trial
+# llama.cpp rejects.
+_KNOB_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prio": (_int_in(-1, 3), "an integer from -1 (low) to 3 (realtime)"),
     "cpu_mask": (lambda v: isinstance(v, str) and re.fullmatch(r"(0x)?[0-9a-fA-F]+", v) is not None,
                  'a quoted hex CPU mask such as "0x3" (unquoted, YAML reads 0x3 as the number 3)'),
@@ -279,8 +283,10 @@ _BENCH_KNOBS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "delay": (_int_in(0, None), "a whole number of seconds, 0 or more"),
     "poll": (_int_in(0, 100), "an integer from 0 to 100"),
     "split_mode": (lambda v: v in ("none", "layer", "row", "tensor"), "none, layer, row or tensor"),
-    "tensor_split": (lambda v: isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)?(/\d+(\.\d+)?)+", v) is not None,
+    "tensor_split": (lambda v: isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
                      'a quoted share per GPU separated by "/", such as "3/1"'),
+    "expert_split": (lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
+                     f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
     "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
 }
 
@@ -334,8 +340,8 @@ def check_space(campaign: Campaign, supported: frozenset[str]) -> None:
             bad = [v for v in _values(spec) if str(v) not in allowed]
             if bad:
                 raise UserError(f"{where}: {bad[0]!r} is not one of {', '.join(allowed)}")
-        if name in _BENCH_KNOBS:
-            valid, what = _BENCH_KNOBS[name]
+        if name in _KNOB_CHECKS:
+            valid, what = _KNOB_CHECKS[name]
             bad = [v for v in _values(spec) if not valid(v)]
             if bad:
                 raise UserError(f"{where}: {bad[0]!r} is not valid; give {what}")

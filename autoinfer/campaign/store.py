@@ -10,6 +10,7 @@ import json
 import math
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,26 @@ def kld_of(trial: FrozenTrial | optuna.Trial) -> list[float]:
     return [float(kld)] if kld is not None else []
 
 
+def elapsed_s(study: optuna.Study, since: datetime | None = None) -> float:
+    """Wall time the campaign has used, on any worker: the union of its trials' start–end intervals (a running
+    trial ends now) and of [since, now] for the calling worker's session. Overlapping workers count once; time
+    between resumed sessions does not count."""
+    now = datetime.now()
+    spans = [(t.datetime_start, t.datetime_complete or now)
+             for t in study.get_trials(deepcopy=False) if t.datetime_start is not None]
+    if since is not None:
+        spans.append((since, now))
+    total, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += (end - start).total_seconds()
+            reach = end
+        elif end > reach:
+            total += (end - reach).total_seconds()
+            reach = end
+    return total
+
+
 def write_run_files(folder: Path, m: Measurement) -> Path:
     """stdout, stderr, raw engine output and the command line of one engine run, as files."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -136,6 +157,7 @@ def measurement_attrs(m: Measurement) -> dict[str, Any]:
         "tg_samples": list(m.tg_samples),
         "pp_samples": list(m.pp_samples),
         "vram_peak_mib": m.vram_peak_mib,
+        "vram_per_gpu_mib": list(m.vram_per_gpu_mib),
         "rss_peak_mib": m.rss_peak_mib,
         "wall_s": m.wall_s,
         "engine_s": m.engine_s,

@@ -9,8 +9,11 @@
 - Budget: "count the trials finished or running, then ask" is a race between workers; both steps run under a
   PostgreSQL advisory lock held per study, so the count every worker sees includes every trial another worker
   asked for, and the campaign never runs more trials than its budget.
-- `worker --gpus 0,1` starts one worker per GPU, each with CUDA_VISIBLE_DEVICES set; measurements of one host are
-  serialised by autoinfer.campaign.hostlock, and hardware classes by autoinfer.campaign.hardware.
+- `worker --gpus 0,1` starts one worker per GPU, each with CUDA_VISIBLE_DEVICES set (`--gpus 0+1,2+3`: one per
+  group of GPUs); measurements of one host are serialised by autoinfer.campaign.hostlock, and hardware classes by
+  autoinfer.campaign.hardware.
+- Wall time: `budget.wall_s` is the campaign's, not each worker's (store.elapsed_s: the union of every trial's
+  interval and the asking worker's session).
 """
 
 from __future__ import annotations
@@ -222,16 +225,20 @@ class SharedBudget:
 
 
 def parse_gpus(text: str) -> list[str]:
-    """'0,1' → ['0', '1']; UserError for anything but distinct GPU indices or UUIDs."""
-    items = [v.strip() for v in text.split(",") if v.strip()]
-    if not items or len(set(items)) != len(items) or not all(v.isdigit() or v.startswith(("GPU-", "MIG-"))
-                                                               for v in items):
-        raise UserError(f"--gpus {text!r}: give distinct GPU indices or UUIDs separated by commas, e.g. --gpus 0,1")
-    return items
+    """'0,1' → ['0', '1'] (a worker each); '0+1,2+3' → ['0,1', '2,3'] (a worker per group, which searches the
+    multi-GPU split knobs). UserError for anything but distinct GPU indices or UUIDs."""
+    groups = [[g.strip() for g in v.split("+")] for v in text.split(",") if v.strip()]
+    flat = [g for group in groups for g in group]
+    if not flat or len(set(flat)) != len(flat) or not all(g.isdigit() or g.startswith(("GPU-", "MIG-"))
+                                                          for g in flat):
+        raise UserError(f"--gpus {text!r}: give distinct GPU indices or UUIDs separated by commas, e.g. --gpus 0,1 "
+                        "(a worker per GPU) or --gpus 0+1,2+3 (a worker per group of GPUs)")
+    return [",".join(group) for group in groups]
 
 
 def start_per_gpu(gpus: list[str], worker_args: list[str]) -> int:
-    """One `autoinfer worker` child per GPU, each seeing only its GPU; waits for all, returns the worst exit code.
+    """One `autoinfer worker` child per GPU (or group), each seeing only its GPUs; waits for all, returns the worst
+    exit code.
 
     Ctrl-C reaches the children from the terminal (same process group); SIGTERM is passed on to them. A child that
     stops mid-trial leaves the trial to the heartbeat: another worker fails it and runs its configuration again.

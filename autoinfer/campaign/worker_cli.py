@@ -18,8 +18,8 @@ def worker(
     campaign_file: Optional[Path] = typer.Argument(None, help="Campaign YAML; needed only to create the study."),
     study: str = typer.Option(..., "--study", help="Study to join."),
     storage: str = typer.Option(..., "--storage", help="Shared storage URL: postgresql://USER@HOST/DB."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU, e.g. 0,1 (sets "
-                                       "CUDA_VISIBLE_DEVICES for each)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU, e.g. 0,1, or per group of GPUs, "
+                                       "e.g. 0+1,2+3 (sets CUDA_VISIBLE_DEVICES for each)."),
     quiet: bool = typer.Option(False, "--quiet", help="No live display."),
 ) -> None:
     """Run trials of a study until its budget is spent; start as many workers as machines (or GPUs) you have."""

@@ -114,7 +114,8 @@ class Measurement:
     reason: str = ""
     tg_samples: tuple[float, ...] = ()  # generation tok/s, one per repetition
     pp_samples: tuple[float, ...] = ()  # prompt tok/s, one per repetition
-    vram_peak_mib: float | None = None
+    vram_peak_mib: float | None = None  # the largest per-GPU peak (a memory budget is per GPU)
+    vram_per_gpu_mib: tuple[float, ...] = ()  # peak on each measured GPU, when the trial sampled several
     rss_peak_mib: float | None = None
     engine_cmd: tuple[str, ...] = ()
     wall_s: float = 0.0  # harness wall time for the trial
@@ -151,7 +152,7 @@ class RunContext:
 
     timeout_s: float
     artifacts: Path  # results/<study>/trials/<number>/: engines may write extra files here
-    gpu_index: int | None = None  # device whose memory is sampled; None on CPU-only machines
+    gpus: tuple[int, ...] = ()  # NVML indices of the devices whose memory is sampled; empty on CPU-only machines
     on_first_sample: Callable[[float], bool] | None = None  # returns True to cut a hopeless trial short
 
 

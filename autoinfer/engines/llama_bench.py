@@ -123,10 +123,10 @@ class LlamaBenchEngine(LlamaToolsEngine):
         if self.tools.lib_dir is not None:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
                 p for p in (str(self.tools.lib_dir), env.get("LD_LIBRARY_PATH")) if p)
-        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=env, gpu_index=ctx.gpu_index)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=env, gpus=ctx.gpus)
         common: dict[str, Any] = dict(
             engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
-            vram_peak_mib=res.vram_peak_mib, rss_peak_mib=res.rss_peak_mib,
+            vram_peak_mib=res.vram_peak_mib, vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
         )
         run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
                    "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method}

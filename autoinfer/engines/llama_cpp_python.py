@@ -131,12 +131,13 @@ class LlamaCppPythonEngine(LlamaToolsEngine):
             argv = self.command(config)
         except UserError as exc:
             return Measurement(Outcome.REJECTED, reason=str(exc))
-        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=self.child_env(), gpu_index=ctx.gpu_index)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=self.child_env(), gpus=ctx.gpus)
         env = {"library": self._library, "lib_path": self.child_env().get("LLAMA_CPP_LIB_PATH"),
                "tools_commit": self.tools.commit, "vram_method": res.vram_method}
         common: dict[str, Any] = dict(engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout,
                                       stderr=res.stderr, vram_peak_mib=res.vram_peak_mib,
-                                      rss_peak_mib=res.rss_peak_mib, raw_output=res.stdout)
+                                      vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
+                                      raw_output=res.stdout)
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
                                                rss_peak_mib=res.rss_peak_mib)

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, server_args, server_context
+from autoinfer.engines.llama_common import (MULTI_GPU_EXTRAS, LlamaToolsEngine, classify_failure, server_args,
+                                            server_context)
 from autoinfer.measure.process import IsolatedProcess
 
-#: Knobs beyond TrialConfig's fields: batch threads, context size, and the number of slots (= concurrent clients).
-SERVER_EXTRAS = frozenset({"threads_batch", "ctx_size", "parallel"})
+#: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and
+#: the split over several GPUs.
+SERVER_EXTRAS = frozenset({"threads_batch", "ctx_size", "parallel", *MULTI_GPU_EXTRAS})
 PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 _POLL_S = 0.05
 _WARMUP_TOKENS = (8, 2)  # prompt and generated tokens of the warm-up request
@@ -175,7 +177,7 @@ class LlamaServerEngine(LlamaToolsEngine):
                    "bin_dir": str(self.tools.bin_dir), "port": port}
         deadline = time.monotonic() + ctx.timeout_s
         client = Client(port, deadline)
-        with IsolatedProcess(argv, env=env, gpu_index=ctx.gpu_index) as proc:
+        with IsolatedProcess(argv, env=env, gpus=ctx.gpus) as proc:
             try:
                 result = _measure(proc, client, config, ctx)
                 failure = None
@@ -188,7 +190,7 @@ class LlamaServerEngine(LlamaToolsEngine):
             res = proc.stop()
         common: dict[str, Any] = dict(
             engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
-            vram_peak_mib=res.vram_peak_mib, rss_peak_mib=res.rss_peak_mib,
+            vram_peak_mib=res.vram_peak_mib, vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
             env={**run_env, "vram_method": res.vram_method},
         )
         if failure is not None:

@@ -64,10 +64,11 @@ class ReferenceEngineRunner:
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         argv = worker_command(config)
-        res = run_isolated(argv, timeout_s=ctx.timeout_s, gpu_index=ctx.gpu_index)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, gpus=ctx.gpus)
         common: dict[str, Any] = dict(engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout,
                                       stderr=res.stderr, vram_peak_mib=res.vram_peak_mib,
-                                      rss_peak_mib=res.rss_peak_mib, raw_output=res.stdout)
+                                      vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
+                                      raw_output=res.stdout)
         if res.timed_out or res.returncode != 0:
             if not res.timed_out and res.returncode in _EXIT_OUTCOMES:
                 return Measurement(_EXIT_OUTCOMES[res.returncode], reason=_error_line(res.stderr), **common)

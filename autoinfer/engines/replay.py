@@ -2,7 +2,8 @@
 offline in seconds.
 
 The table is a CSV: parameter columns (any campaign parameter: n_cpu_moe, placement, ubatch, …), then `tg`, `pp`
-(tok/s medians) and `vram_mib` and/or `rss_mib` (peaks); optional `tg_samples`/`pp_samples` (repetitions,
+(tok/s medians) and `vram_mib` and/or `rss_mib` (peaks; `vram_gpu0_mib`, `vram_gpu1_mib`, … per GPU for tables
+measured on several GPUs, where `vram_mib` is the largest of them); optional `tg_samples`/`pp_samples` (repetitions,
 space-separated) give each row its measured noise, which replay draws from; an optional `outcome` column marks rows
 that failed (oom, crash, …). A `<table>.shape.json` beside it (written by benchmarks/make_table.py) describes the
 model so the memory model can be used on the table without the GGUF.
@@ -10,6 +11,7 @@ model so the memory model can be used on the table without the GGUF.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,18 @@ def read_table(path: Path) -> pd.DataFrame:
     return df
 
 
+PER_GPU_COLUMN = re.compile(r"vram_gpu(\d+)_mib")
+
+
 def parameter_columns(df: pd.DataFrame) -> list[str]:
-    return [c for c in df.columns if c not in RESULT_COLUMNS]
+    return [c for c in df.columns if c not in RESULT_COLUMNS and not PER_GPU_COLUMN.fullmatch(c)]
+
+
+def _per_gpu(row: pd.Series) -> tuple[float, ...]:
+    """A row's per-GPU peaks in GPU order; empty unless every GPU's is there."""
+    columns = sorted((int(m.group(1)), c) for c in row.index if (m := PER_GPU_COLUMN.fullmatch(c)))
+    values = [_number(row[c]) for _, c in columns]
+    return tuple(v for v in values if v is not None) if None not in values else ()
 
 
 def _samples(value: Any) -> tuple[float, ...]:
@@ -69,6 +81,8 @@ class ReplayEngine:
         self.df = read_table(self.table_path)
         self.params = parameter_columns(self.df)
         self.supported = frozenset(self.params)
+        #: GPUs the table was measured on (its per-GPU peak columns); the memory model predicts each of them.
+        self.n_gpus = sum(1 for c in self.df.columns if PER_GPU_COLUMN.fullmatch(c)) or None
         self.match = match
         self.rng = np.random.default_rng(seed)
         numeric = {c: pd.api.types.is_numeric_dtype(self.df[c]) for c in self.params}
@@ -118,20 +132,21 @@ class ReplayEngine:
         row = self.df.iloc[index]
         metrics = {"replay_row": index, "replay_distance": distance}
         vram, rss = _number(row.get("vram_mib")), _number(row.get("rss_mib"))
+        memory = {"vram_peak_mib": vram, "vram_per_gpu_mib": _per_gpu(row), "rss_peak_mib": rss}
         outcome = str(row.get("outcome", "ok") or "ok") if not pd.isna(row.get("outcome", "ok")) else "ok"
         wall = _number(row.get("wall_s"))
         if outcome != Outcome.OK.value:
-            return Measurement(Outcome(outcome), reason=f"replayed from row {index}", vram_peak_mib=vram,
-                               rss_peak_mib=rss, metrics=metrics, wall_s=wall or time.monotonic() - started)
+            return Measurement(Outcome(outcome), reason=f"replayed from row {index}", **memory, metrics=metrics,
+                               wall_s=wall or time.monotonic() - started)
         tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0)
         pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0)
         first = tg or pp
         if first and ctx.on_first_sample is not None and ctx.on_first_sample(first[0]):
             return Measurement(Outcome.PRUNED, reason="first repetition far below the best so far",
-                               tg_samples=tg[:1], pp_samples=() if tg else pp[:1], vram_peak_mib=vram,
-                               rss_peak_mib=rss, metrics=metrics, wall_s=(wall or 0.0) / max(config.repetitions, 1))
-        return Measurement(Outcome.OK, tg_samples=tg, pp_samples=pp, vram_peak_mib=vram, rss_peak_mib=rss,
-                           metrics=metrics, wall_s=wall if wall is not None else time.monotonic() - started)
+                               tg_samples=tg[:1], pp_samples=() if tg else pp[:1], **memory, metrics=metrics,
+                               wall_s=(wall or 0.0) / max(config.repetitions, 1))
+        return Measurement(Outcome.OK, tg_samples=tg, pp_samples=pp, **memory, metrics=metrics,
+                           wall_s=wall if wall is not None else time.monotonic() - started)
 
     def _draw(self, row: pd.Series, kind: str, n: int) -> tuple[float, ...]:
         """n repetitions: resampled from the row's samples when it has them, else its median repeated."""

@@ -1,4 +1,5 @@
-"""The recommended configuration in the forms people paste: shell commands (POSIX-quoted) and data files."""
+"""The recommended configuration in the forms people paste: shell commands (POSIX-quoted), a llama-cpp-python
+snippet and data files."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pathlib import Path
 import yaml
 
 from autoinfer.campaign.store import Best, samples_of
+from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.errors import UserError
 
-FORMATS = ("server", "bench", "json", "yaml")
+FORMATS = ("server", "bench", "python", "json", "yaml")
 #: Engines whose configurations are llama.cpp configurations (a replay table is made from llama.cpp runs).
 LLAMA_ENGINES = frozenset({"llama-bench", "llama-server", "llama-cpp-python", "replay"})
 
@@ -41,10 +43,44 @@ def as_dict(best: Best, study: str) -> dict:
     }
 
 
+def python_snippet(best: Best, study: str, engine: str) -> str:
+    """`llm = Llama(...)` with the keyword arguments the llama-cpp-python engine passes (its own llama_kwargs).
+
+    Llama() silently ignores keywords it does not know, so a knob it has no keyword for fails the export instead
+    of vanishing from the snippet; so does flash_attn "auto" measured by another engine: Llama() takes only on or
+    off, and the snippet would run something other than what was measured.
+    """
+    from autoinfer.engines.llama_cpp_python import LlamaCppPythonEngine, llama_kwargs
+
+    config = best.config
+    unset = TrialConfig(config.model).to_params()
+    lacking = [f"{name}={value!r}" for name, value in config.to_params().items()
+               if name not in LlamaCppPythonEngine.supported and value != unset.get(name)]
+    if config.flash_attn == "auto" and engine != "llama-cpp-python":
+        lacking.append("flash_attn='auto'")
+    if lacking:
+        raise UserError(f"trial {best.trial.number} of study {study!r} sets {', '.join(lacking)}, which "
+                        "llama_cpp.Llama() cannot express; use --format server or bench")
+    try:
+        kwargs = llama_kwargs(config)
+    except UserError as exc:
+        raise UserError(f"trial {best.trial.number} of study {study!r}: {exc}") from None
+    notes = {"type_k": f"ggml_type {config.type_k}", "type_v": f"ggml_type {config.type_v}",
+             "n_ctx": "the context the measurement used; raise it for longer prompts"}
+    lines = [f"# autoinfer: study {study!r}, trial {best.trial.number} ({engine}), objective {best.value:.4g}",
+             "from llama_cpp import Llama", "", "llm = Llama("]
+    for name, value in kwargs.items():
+        note = f"  # {notes[name]}" if name in notes else ""
+        lines.append(f"    {name}={value!r},{note}")
+    return "\n".join([*lines, ")"]) + "\n"
+
+
 def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str:
-    if fmt in ("server", "bench") and engine not in LLAMA_ENGINES:
-        raise UserError(f"study {study!r} measured the {engine} engine, whose settings are not a llama.cpp command "
-                        "line; use --format json or yaml")
+    if fmt in ("server", "bench", "python") and engine not in LLAMA_ENGINES:
+        raise UserError(f"study {study!r} measured the {engine} engine, whose settings are not llama.cpp settings; "
+                        "use --format json or yaml")
+    if fmt == "python":
+        return python_snippet(best, study, engine)
     if fmt == "server":
         return shlex.join([_binary(best, "llama-server"), *server_args(best.config)])
     if fmt == "bench":

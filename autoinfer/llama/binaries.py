@@ -18,7 +18,8 @@ from autoinfer.errors import UserError
 from autoinfer.measure.gpu import list_gpus
 
 ENV_VAR = "AUTOINFER_LLAMA_BIN"
-TOOL_NAMES = ("llama-bench", "llama-server", "llama-cli", "llama-perplexity", "llama-quantize", "llama-fit-params")
+TOOL_NAMES = ("llama-bench", "llama-server", "llama-cli", "llama-perplexity", "llama-quantize", "llama-fit-params",
+              "llama-imatrix")
 _VERSION_RE = re.compile(r"version:\s*\S+\s*\(build\s+(\d+),\s*commit\s+([0-9A-Za-z._+-]+)\)")
 _FLAG_RE = re.compile(r"(--?[A-Za-z][\w.-]*)(,\s*|\s+|$)")
 _BRACKET_FLAG_RE = re.compile(r"\[(--?[A-Za-z][\w.-]*)")

@@ -43,6 +43,9 @@ BASE_FLAGS = (
     "BUILD_SHARED_LIBS=ON",
     "CMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # binaries find libllama next to them after the folder is renamed
 )
+#: What `autoinfer build` compiles (llama-imatrix serves `model quantize --imatrix auto`). Part of the cache key, so a
+#: build made before a target was added is not mistaken for one that has it.
+BUILD_TARGETS = TOOL_NAMES
 _SOURCE_DIRS = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "app", "vendor")
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 _CUDA_ARCH = re.compile(r"(\d+[a-z]?(-real|-virtual)?)(;\d+[a-z]?(-real|-virtual)?)*|native|all|all-major")
@@ -236,7 +239,7 @@ def build(source: Path | None = None, *, cuda: bool = False, cuda_arch: str | No
         cuda_arch = cuda_arch or _default_cuda_arch()
         flags += ["GGML_CUDA=ON", f"CMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
     variant = f"cuda{cuda_arch.replace(';', '_')}" if cuda else "cpu"
-    digest = hashlib.sha256(json.dumps([commit, content, flags]).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(json.dumps([commit, content, flags, BUILD_TARGETS]).encode()).hexdigest()[:10]
     key = f"{commit}-{variant}-{digest}"
     final = builds_dir() / key
     with _locked(builds_dir() / f".{key}.lock"):
@@ -267,9 +270,9 @@ def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], 
     with log_path.open("w") as log:
         _run_logged([str(cmake), "-S", str(source), "-B", str(tree), "-G", "Ninja", *defines], env, log, log_path,
                     "configure", console, None)
-        _run_logged([str(cmake), "--build", str(tree), "--target", *TOOL_NAMES, "-j", str(os.cpu_count() or 1)],
+        _run_logged([str(cmake), "--build", str(tree), "--target", *BUILD_TARGETS, "-j", str(os.cpu_count() or 1)],
                     env, log, log_path, "build", console, f"llama.cpp {commit} ({variant})")
-    missing = [name for name in TOOL_NAMES if not (tree / "bin" / name).is_file()]
+    missing = [name for name in BUILD_TARGETS if not (tree / "bin" / name).is_file()]
     if missing:
         raise UserError(f"the build finished without {', '.join(missing)}; see the log {log_path}")
     os.replace(tree / "bin", work / "bin")
@@ -278,7 +281,7 @@ def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], 
         "key": final.name, "commit": commit, "flags": list(flags), "cuda": cuda, "cuda_arch": cuda_arch,
         "source": str(source), "from_pinned_sdist": pinned,
         "sdist": {"name": SDIST_NAME, "version": SDIST_VERSION, "sha256": SDIST_SHA256} if pinned else None,
-        "tools": list(TOOL_NAMES), "built_at": time.time(), "build_s": round(time.time() - started, 1),
+        "tools": list(BUILD_TARGETS), "built_at": time.time(), "build_s": round(time.time() - started, 1),
     }
     (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)  # a folder left without its manifest is not a build

@@ -50,12 +50,12 @@ class EnvironmentStart:
 
     wall_time: float
     monotonic: float
-    gpu: GpuState | None
+    gpus: tuple[GpuState | None, ...]  # one snapshot per measured GPU
 
 
-def begin(gpu_index: int | None) -> EnvironmentStart:
+def begin(gpus: tuple[int, ...]) -> EnvironmentStart:
     """Snapshot just before the trial starts."""
-    return EnvironmentStart(time.time(), time.monotonic(), gpu_state(gpu_index) if gpu_index is not None else None)
+    return EnvironmentStart(time.time(), time.monotonic(), tuple(gpu_state(i) for i in gpus))
 
 
 def _build(tools: Any) -> dict[str, Any] | None:
@@ -64,36 +64,45 @@ def _build(tools: Any) -> dict[str, Any] | None:
     return {"commit": tools.commit, "flags": list(tools.flags), "cuda": bool(tools.cuda), "bin_dir": str(tools.bin_dir)}
 
 
-def finish(start: EnvironmentStart, *, gpu_index: int | None, model: Path, tools: Any = None,
+def _gpu_record(index: int, start: GpuState | None, end: GpuState | None, tokens: int | None) -> dict[str, Any]:
+    info = next((g for g in list_gpus() if g.index == index), None)
+    e0 = start.energy_mj if start else None
+    e1 = end.energy_mj if end else None
+    joules = (e1 - e0) / 1000.0 if e0 is not None and e1 is not None and e1 > e0 else None
+    return {
+        "index": index,
+        "name": info.name if info else None,
+        "driver": info.driver if info else None,
+        "cuda": info.cuda_version if info else None,
+        "memory_total_mib": info.memory_total_mib if info else None,
+        "start": asdict(start) if start else None,
+        "end": asdict(end) if end else None,
+        "energy_j": joules,
+        "tokens_per_joule": tokens / joules if joules and tokens else None,
+    }
+
+
+def finish(start: EnvironmentStart, *, gpus: tuple[int, ...], model: Path, tools: Any = None,
            tokens: int | None = None) -> dict[str, Any]:
     """The trial's environment record (JSON-ready).
 
     `tools` is the llama.cpp build the engine ran (autoinfer.llama.binaries.Tools) or None for engines without
-    one. `tokens` is every token the engine processed (warm-up included); with the GPU energy counter it gives
-    tokens per joule of device energy over the whole trial, model load included.
+    one. `tokens` is every token the engine processed (warm-up included); with the GPU energy counters it gives
+    tokens per joule of device energy over the whole trial, model load included. `gpu` describes the first
+    measured GPU, with energy and tokens per joule summed over all of them; `gpus` lists each one.
     """
-    end_gpu = gpu_state(gpu_index) if gpu_index is not None else None
+    records = [_gpu_record(i, s, gpu_state(i), tokens) for i, s in zip(gpus, start.gpus)]
     gpu: dict[str, Any] | None = None
-    if gpu_index is not None:
-        info = next((g for g in list_gpus() if g.index == gpu_index), None)
-        gpu = {
-            "index": gpu_index,
-            "name": info.name if info else None,
-            "driver": info.driver if info else None,
-            "cuda": info.cuda_version if info else None,
-            "memory_total_mib": info.memory_total_mib if info else None,
-            "start": asdict(start.gpu) if start.gpu else None,
-            "end": asdict(end_gpu) if end_gpu else None,
-        }
-        e0 = start.gpu.energy_mj if start.gpu else None
-        e1 = end_gpu.energy_mj if end_gpu else None
-        joules = (e1 - e0) / 1000.0 if e0 is not None and e1 is not None and e1 > e0 else None
-        gpu["energy_j"] = joules
-        gpu["tokens_per_joule"] = tokens / joules if joules and tokens else None
+    if records:
+        energies = [r["energy_j"] for r in records]
+        joules = sum(energies) if None not in energies else None
+        gpu = {**records[0], "count": len(records), "energy_j": joules,
+               "tokens_per_joule": tokens / joules if joules and tokens else None}
     return {
         "started_at": start.wall_time,
         "duration_s": time.monotonic() - start.monotonic,
         "gpu": gpu,
+        "gpus": records,
         "host": asdict(host_info()),
         "build": _build(tools),
         "model": model_fingerprint(model),

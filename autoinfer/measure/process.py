@@ -5,9 +5,9 @@ A trial must never outlive its budget or the harness, and its memory peaks decid
   included, also after the child exited on its own;
 - PR_SET_PDEATHSIG makes the kernel SIGKILL the child when the harness dies, even by SIGKILL;
 - stdout and stderr go to unlinked temporary files, so a chatty child never blocks on a full pipe;
-- a sampler thread records RSS of the child tree and device memory at `sample_hz`, and the kernel's high-water
-  mark of the child's resident memory (VmHWM), so a spike between two samples is not missed. (Not wait4's
-  ru_maxrss: it counts the harness's own pages, which the forked child held until exec.)
+- a sampler thread records RSS of the child tree and its device memory on each measured GPU at `sample_hz`, and
+  the kernel's high-water mark of the child's resident memory (VmHWM), so a spike between two samples is not
+  missed. (Not wait4's ru_maxrss: it counts the harness's own pages, which the forked child held until exec.)
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child o
 class Sample:
     t_s: float  # seconds since the child started
     rss_mib: float  # resident memory of the child and all its descendants
-    vram_mib: float | None  # device memory of the tree (see DeviceMemoryProbe); None without a GPU
+    vram_mib: float | None  # device memory of the tree, summed over the measured GPUs; None without a GPU
 
 
 @dataclass(frozen=True)
 class Peaks:
     rss_mib: float | None
-    vram_mib: float | None
+    vram_mib: float | None  # the largest per-GPU peak: what a per-GPU memory budget is checked against
+    vram_per_gpu_mib: tuple[float, ...] = ()  # peak on each measured GPU, in the order given
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ProcessResult:
     rss_peak_mib: float | None
     samples: tuple[Sample, ...]
     vram_method: str | None = None  # "per-process" or "device-minus-baseline"; None without a GPU
+    vram_per_gpu_mib: tuple[float, ...] = ()  # peak on each measured GPU; vram_peak_mib is the largest
 
 
 def _set_parent_death_signal(parent: int) -> None:
@@ -127,7 +129,7 @@ class IsolatedProcess:
     """
 
     def __init__(self, argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-                 cwd: Path | str | None = None, gpu_index: int | None = None, sample_hz: float = 20.0,
+                 cwd: Path | str | None = None, gpus: Sequence[int] = (), sample_hz: float = 20.0,
                  term_grace_s: float = 3.0) -> None:
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of arguments, not one string (no shell is used)")
@@ -136,17 +138,17 @@ class IsolatedProcess:
             raise ValueError("argv is empty")
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
-        self._gpu_index = gpu_index
+        self._gpus = tuple(gpus)
         self._interval = 1.0 / sample_hz
         self._grace = term_grace_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         self._out: IO[bytes] | None = None
         self._err: IO[bytes] | None = None
-        self._probe: DeviceMemoryProbe | None = None
+        self._probes: list[DeviceMemoryProbe] = []
         self._samples: list[Sample] = []
         self._rss_peak: float | None = None
-        self._vram_peak: float | None = None
+        self._vram_peaks: list[float | None] = [None] * len(self._gpus)
         self._hwm_peak: float | None = None
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -162,8 +164,7 @@ class IsolatedProcess:
             raise RuntimeError("already started")
         self._out = tempfile.TemporaryFile()
         self._err = tempfile.TemporaryFile()
-        if self._gpu_index is not None:
-            self._probe = DeviceMemoryProbe(self._gpu_index)  # baseline taken before the child exists
+        self._probes = [DeviceMemoryProbe(i) for i in self._gpus]  # baselines taken before the child exists
         parent = os.getpid()
         try:
             self._proc = subprocess.Popen(
@@ -203,9 +204,11 @@ class IsolatedProcess:
 
     @property
     def peaks(self) -> Peaks:
-        """Peaks so far: the larger of the sampled tree RSS and the child's own high-water mark."""
+        """Peaks so far: the larger of the sampled tree RSS and the child's own high-water mark; device memory per
+        GPU."""
         rss = max((v for v in (self._rss_peak, self._hwm_peak) if v is not None), default=None)
-        return Peaks(rss, self._vram_peak)
+        per_gpu = tuple(v for v in self._vram_peaks if v is not None)
+        return Peaks(rss, max(per_gpu) if per_gpu else None, per_gpu if len(per_gpu) == len(self._gpus) else ())
 
     @property
     def samples(self) -> tuple[Sample, ...]:
@@ -259,7 +262,8 @@ class IsolatedProcess:
             argv=self.argv, returncode=rc, signal=-rc if rc is not None and rc < 0 else None,
             timed_out=self._timed_out, stdout=stdout, stderr=stderr, wall_s=self._ended - self._started,
             vram_peak_mib=peaks.vram_mib, rss_peak_mib=peaks.rss_mib, samples=tuple(self._samples),
-            vram_method=self._probe.method if self._probe is not None else None,
+            vram_method=next((p.method for p in self._probes if p.method), None),
+            vram_per_gpu_mib=peaks.vram_per_gpu_mib,
         )
         return self._result
 
@@ -316,12 +320,15 @@ class IsolatedProcess:
         hwm = _high_water_mib(self._proc.pid)
         if hwm is not None:
             self._hwm_peak = max(hwm, self._hwm_peak or 0.0)
-        vram = self._probe.read(set(pids)) if self._probe is not None else None
-        self._samples.append(Sample(time.monotonic() - self._started, rss, vram))
+        tree = set(pids)
+        per_gpu = [probe.read(tree) for probe in self._probes]
+        for i, vram in enumerate(per_gpu):
+            if vram is not None:
+                self._vram_peaks[i] = max(vram, self._vram_peaks[i] or 0.0)
+        read = [v for v in per_gpu if v is not None]
+        self._samples.append(Sample(time.monotonic() - self._started, rss, sum(read) if read else None))
         if rss > 0:
             self._rss_peak = max(rss, self._rss_peak or 0.0)
-        if vram is not None:
-            self._vram_peak = max(vram, self._vram_peak or 0.0)
 
     @staticmethod
     def _read(fh: IO[bytes] | None) -> str:
@@ -340,12 +347,12 @@ class IsolatedProcess:
 
 
 def run_isolated(argv: Sequence[str | os.PathLike[str]], *, timeout_s: float, env: Mapping[str, str] | None = None,
-                 cwd: Path | str | None = None, gpu_index: int | None = None,
+                 cwd: Path | str | None = None, gpus: Sequence[int] = (),
                  sample_hz: float = 20.0) -> ProcessResult:
     """Run `argv` to completion in its own process group; past `timeout_s` the whole group is killed.
 
     Failures of the child are results (returncode, signal, timed_out), never exceptions; only a program that
     cannot be started at all raises UserError.
     """
-    with IsolatedProcess(argv, env=env, cwd=cwd, gpu_index=gpu_index, sample_hz=sample_hz) as proc:
+    with IsolatedProcess(argv, env=env, cwd=cwd, gpus=gpus, sample_hz=sample_hz) as proc:
         return proc.run_to_end(timeout_s)

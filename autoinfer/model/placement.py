@@ -2,13 +2,17 @@
 
 A placement pattern names which layers keep their experts in system RAM: the first N (what `-ncmoe N` does), the
 last N (what llama.cpp's `--fit` ends up with) or N spread evenly. Each becomes one `-ot` pattern without commas,
-so it is valid both in llama-bench (where `,` separates configurations) and in llama-server.
+so it is valid both in llama-bench (where `,` separates configurations) and in llama-server. On several GPUs,
+`expert_split` shares the experts that stay on the device between CUDA0, CUDA1, … in contiguous runs of layers
+(one `=CUDAk` pattern per GPU); "layers" leaves them with their layer, wherever -sm/-ts put it.
 
 The memory model adds what a configuration puts in device memory (or, on a CPU-only build, in RAM): weights
 (byte accounting from autoinfer.analysis.placement_bytes), KV cache and recurrent state for the context, compute
 buffers that grow with ubatch, and the staging copy of host-resident experts that op offload makes during prompt
 processing. It starts from these physical estimates and is calibrated online (Bayesian linear regression) from
-the peaks measured by finished trials, so its error shrinks as the campaign runs and is always reported.
+the peaks measured by finished trials, so its error shrinks as the campaign runs and is always reported. On several
+GPUs it predicts each GPU's peak (a per-GPU budget binds on the fullest one): the same terms per device, with the
+layers cut by the tensor split as llama.cpp cuts them, and one calibration fitted to every GPU's measured peak.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from autoinfer.analysis.placement_bytes import placement_bytes
+from autoinfer.analysis.placement_bytes import device_bytes, layer_devices, placement_bytes
 from autoinfer.engines.base import TrialConfig
 from autoinfer.errors import UserError
 
 MIB = 1024 * 1024
 PATTERNS = ("first", "last", "even")
-PLACEMENT_KEYS = ("placement", "cpu_expert_layers")  # campaign parameters turned into override_tensors
+PLACEMENT_KEYS = ("placement", "cpu_expert_layers", "expert_split")  # campaign parameters turned into override_tensors
+FOLLOW_LAYERS = "layers"  # expert_split value: no per-GPU expert overrides
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp common.h LLM_FFN_EXPS_REGEX
 OP_OFFLOAD_MIN_BATCH = 32  # GGML_OP_OFFLOAD_MIN_BATCH: from this ubatch on, host experts are copied to the GPU
 
@@ -56,6 +61,26 @@ def expert_override(layers: Sequence[int]) -> tuple[str, ...]:
         return ()
     alternatives = "|".join(str(i) for i in sorted(set(layers)))
     return (rf"blk\.({alternatives})\.{EXPERT_TENSORS}=CPU",)
+
+
+def split_shares(split: str) -> tuple[float, ...]:
+    """"3/1" → (3.0, 1.0), llama.cpp's tensor-split notation."""
+    return tuple(float(v) for v in split.split("/"))
+
+
+def gpu_expert_override(layers: Sequence[int], split: str) -> tuple[str, ...]:
+    """`regex=CUDAk` patterns giving each GPU a contiguous run of these layers' experts, sized by its share of
+    `split` (as -ts shares layers). A GPU whose share rounds to no layer gets no pattern."""
+    layers = sorted(set(layers))
+    shares = split_shares(split)
+    total = sum(shares)
+    bounds = [round(len(layers) * sum(shares[:k]) / total) for k in range(len(shares) + 1)]
+    out = []
+    for k in range(len(shares)):
+        run = layers[bounds[k]:bounds[k + 1]]
+        if run:
+            out.append(rf"blk\.({'|'.join(map(str, run))})\.{EXPERT_TENSORS}=CUDA{k}")
+    return tuple(out)
 
 
 def layers_on_cpu(patterns: Sequence[str], tensor_names: Sequence[str]) -> frozenset[int]:
@@ -149,14 +174,26 @@ def shape_from_gguf(path: Path) -> ModelShape:
     )
 
 
+def first_gpu_layer(n_gpu_layers: int, n_layers: int) -> int:
+    """The first repeating layer llama.cpp offloads: the last n_gpu_layers − 1 layers and the output go to the GPU."""
+    return max(n_layers + 1 - max(n_gpu_layers, 0), 0)
+
+
 def realize(config: TrialConfig, n_layers: int) -> TrialConfig:
-    """Turn the campaign's placement parameters (extra knobs) into a tensor override llama.cpp understands."""
-    pattern, count = config.get("placement"), config.get("cpu_expert_layers")
-    if pattern is None and count is None:
+    """Turn the campaign's placement parameters (extra knobs) into tensor overrides llama.cpp understands: the CPU
+    pattern first (llama.cpp takes the first rule that matches), then one pattern per GPU for the experts left on
+    the device."""
+    pattern, count, split = (config.get(k) for k in PLACEMENT_KEYS)
+    if pattern is None and count is None and split is None:
         return config
-    layers = cpu_expert_layers(pattern or "first", count or 0, n_layers)
+    on_cpu = cpu_expert_layers(pattern or "first", count or 0, n_layers) if pattern or count else ()
+    overrides = expert_override(on_cpu)
+    if split not in (None, FOLLOW_LAYERS):
+        cpu = set(on_cpu) | set(range(min(config.n_cpu_moe, n_layers)))
+        on_gpu = [i for i in range(first_gpu_layer(config.n_gpu_layers, n_layers), n_layers) if i not in cpu]
+        overrides += gpu_expert_override(on_gpu, split)
     extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
-    return config.with_(override_tensors=(*config.override_tensors, *expert_override(layers)), extra=extra)
+    return config.with_(override_tensors=(*config.override_tensors, *overrides), extra=extra)
 
 
 # --------------------------------------------------------------------------------------------- memory model
@@ -167,9 +204,12 @@ FEATURES = ("weights", "cache", "compute", "offload_copy", "overhead")
 
 @dataclass(frozen=True)
 class Prediction:
+    """On several GPUs: the fullest GPU's prediction, with every GPU's mean in `per_device`."""
+
     mib: float
     std_mib: float  # predictive standard deviation: prior uncertainty shrunk by the measured trials
     parts: dict[str, float]  # MiB per feature, before calibration
+    per_device: tuple[float, ...] = ()
 
     def over(self, budget_mib: float, z: float) -> bool:
         """Confidently over the budget: even `z` standard deviations below the prediction does not fit."""
@@ -193,9 +233,10 @@ class MemoryModel:
     # Prior: each physical term counts once; a fixed overhead (CUDA context, runtime libraries) on top.
     PRIOR_SCALE = (0.15, 0.5, 1.0, 1.0, 400.0)  # prior standard deviations of the coefficients (overhead in MiB)
 
-    def __init__(self, shape: ModelShape, side: Side = "device") -> None:
+    def __init__(self, shape: ModelShape, side: Side = "device", n_devices: int = 1) -> None:
         self.shape = shape
         self.side = side
+        self.n_devices = n_devices if side == "device" else 1
         self.prior_mean = np.array([1.0, 1.0, 1.0, 1.0, 300.0 if side == "device" else 16.0])
         self.calibration = Calibration(tuple(self.prior_mean), tuple(map(tuple, np.diag(np.square(self.PRIOR_SCALE)))),
                                        noise_mib=32.0, n=0, loo_rel_error=None)
@@ -203,27 +244,23 @@ class MemoryModel:
 
     # -- features ---------------------------------------------------------------------------------------
     def features(self, config: TrialConfig) -> np.ndarray:
+        """One row of features per device (a single row on one GPU or on the host side)."""
+        split = config.get("tensor_split")
+        shares = split_shares(split) if split else (1.0,) * self.n_devices
         key = (config.n_gpu_layers, config.n_cpu_moe, tuple(realize(config, self.shape.n_layers).override_tensors),
                config.ubatch, config.batch, config.type_k, config.type_v, config.flash_attn,
-               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0))
+               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0), shares)
         return self._features(key)
 
     def _compute_features(self, key: tuple[Any, ...]) -> np.ndarray:
-        ngl, ncmoe, overrides, ubatch, batch, type_k, type_v, flash_attn, n_ctx = key
+        ngl, ncmoe, overrides, ubatch, batch, type_k, type_v, flash_attn, n_ctx, shares = key
         s = self.shape
         gpu = self.side == "device"
-        weights = placement_bytes(s, ngl, ncmoe, overrides, gpu=gpu)
-        first_gpu = max(s.n_layers + 1 - max(ngl, 0), 0)
-        resident = [i for i in range(s.n_layers) if not gpu or i >= first_gpu]
         n_ctx = 256 * math.ceil(max(n_ctx, 1) / 256)  # llama_context pads the context to 256
         kv_per_token = s.n_head_kv * (s.key_length * KV_BYTES.get(type_k, 2.0) + s.value_length * KV_BYTES.get(type_v, 2.0))
-        n_attention = sum(1 for i in resident if i in s.attention_layers)
-        n_recurrent = len(resident) - n_attention
-        cache = n_ctx * kv_per_token * n_attention + s.recurrent_state_bytes * n_recurrent
         ub = max(1, min(ubatch, batch))
-        per_token = 4 * (s.vocab + s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)
         scores = 0 if flash_attn == "on" else 4 * s.n_head * n_ctx
-        compute = ub * (per_token + scores)
+        per_token = 4 * (s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)  # logits: output's device
         offload_copy = 0.0
         if gpu and ub >= OP_OFFLOAD_MIN_BATCH:
             cpu_layers = layers_on_cpu([*overrides, *(rf"blk\.{i}\.{EXPERT_TENSORS}=CPU" for i in range(ncmoe))],
@@ -233,20 +270,47 @@ class MemoryModel:
                 if t.group == "routed_experts" and t.layer in cpu_layers:
                     per_layer[t.layer] = max(per_layer.get(t.layer, 0), t.n_bytes)
             offload_copy = max(per_layer.values(), default=0)
-        return np.array([weights.gpu_bytes if gpu else weights.cpu_bytes + weights.gpu_bytes,
-                         cache, compute, offload_copy, MIB]) / MIB
+
+        def cache_of(layers: list[int]) -> float:
+            n_attention = sum(1 for i in layers if i in s.attention_layers)
+            return n_ctx * kv_per_token * n_attention + s.recurrent_state_bytes * (len(layers) - n_attention)
+
+        if self.n_devices == 1:
+            weights = placement_bytes(s, ngl, ncmoe, overrides, gpu=gpu)
+            first_gpu = first_gpu_layer(ngl, s.n_layers)
+            cache = cache_of([i for i in range(s.n_layers) if not gpu or i >= first_gpu])
+            compute = ub * (per_token + 4 * s.vocab + scores)
+            return np.array([[weights.gpu_bytes if gpu else weights.cpu_bytes + weights.gpu_bytes,
+                              cache, compute, offload_copy, MIB]]) / MIB
+        devices = layer_devices(s.n_layers, ngl, shares)
+        weights_k = device_bytes(s, ngl, ncmoe, overrides, shares)
+        rows = []
+        for k in range(len(shares)):
+            cache = cache_of([i for i in range(s.n_layers) if devices[i] == k])
+            compute = ub * (per_token + scores + (4 * s.vocab if devices[s.n_layers] == k else 0))
+            rows.append([weights_k[k], cache, compute, offload_copy if k == 0 else 0.0, MIB])
+        return np.array(rows) / MIB
 
     # -- prediction and calibration -------------------------------------------------------------------------
     def predict(self, config: TrialConfig) -> Prediction:
-        x = self.features(config)
+        rows = self.features(config)
         c = self.calibration
         mean, cov = np.array(c.mean), np.array(c.cov)
+        means = rows @ mean
+        x = rows[int(np.argmax(means))]
         var = c.noise_mib ** 2 + float(x @ cov @ x)
-        return Prediction(float(x @ mean), math.sqrt(var), {k: float(v) for k, v in zip(FEATURES[:-1], x[:-1])})
+        return Prediction(float(x @ mean), math.sqrt(var), {k: float(v) for k, v in zip(FEATURES[:-1], x[:-1])},
+                          tuple(float(m) for m in means) if len(rows) > 1 else ())
 
-    def calibrate(self, observations: Sequence[tuple[TrialConfig, float]]) -> Calibration:
-        """Refit the coefficients to measured peaks (MiB); keeps the prior where the data say nothing."""
-        obs = [(self.features(c), float(y)) for c, y in observations if y is not None and y > 0]
+    def calibrate(self, observations: Sequence[tuple[TrialConfig, float | Sequence[float]]]) -> Calibration:
+        """Refit the coefficients to measured peaks (MiB: one per trial, or one per GPU on several GPUs); keeps the
+        prior where the data say nothing."""
+        obs = []
+        for config, peaks in observations:
+            rows = self.features(config)
+            values = [peaks] if isinstance(peaks, (int, float)) or peaks is None else list(peaks)
+            if len(values) == len(rows):
+                obs += [(x, float(y)) for x, y in zip(rows, values) if y is not None and y > 0]
         if not obs:
             return self.calibration
         X = np.array([x for x, _ in obs])

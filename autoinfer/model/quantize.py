@@ -3,7 +3,8 @@
 Each rung is cached under cache_dir()/models/ladder/<source hash>/ (or a folder the user names), written to a
 temporary name and renamed when complete, so an interrupted run never leaves a half file that looks finished.
 The campaign sweeps the ladder through its `model:` list; `autoinfer model quality` measures what each rung
-costs in fidelity (see autoinfer.model.quality).
+costs in fidelity (see autoinfer.model.quality). The very-low-bit types need an importance matrix: `imatrix="auto"`
+makes one with llama-imatrix on the shipped corpus, cached under cache_dir()/imatrix/.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools, find_tools
@@ -27,6 +28,8 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 _TYPE_LINE = re.compile(r"^\s*\d+\s+or\s+([A-Z0-9_]+)\s*:", re.MULTILINE)
 _NEEDS_IMATRIX = "will require an imatrix"
 _QUANTIZE_TIMEOUT_S = 4 * 3600
+IMATRIX_AUTO = "auto"
+_IMATRIX_CTX = 512  # llama-imatrix's own default; it needs two contexts of text, the shipped corpus holds five
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Rung:
     path: Path
     n_bytes: int
     built: bool  # False: reused from the cache
+    imatrix: Path | None = None  # the importance matrix this ladder gives the type (--imatrix FILE, or auto)
 
 
 def quant_types(tools: Tools) -> tuple[str, ...]:
@@ -96,38 +100,67 @@ def needs_imatrix(tools: Tools, source: Path, qtype: str) -> bool:
     return _NEEDS_IMATRIX in done.stdout + done.stderr
 
 
-def build_ladder(source: Path, types: tuple[str, ...], *, out_dir: Path | None = None, imatrix: Path | None = None,
-                 allow_requantize: bool = False, threads: int | None = None, tools: Tools | None = None,
+def auto_imatrix(source: Path, *, tools: Tools, threads: int | None = None) -> Path:
+    """An importance matrix of `source` from the real llama-imatrix on the shipped corpus, cached by (model hash,
+    corpus hash): a ladder re-run, or another ladder of the same file, reuses it instead of another calibration
+    pass over the whole model."""
+    from autoinfer.model.quality import DEFAULT_CORPUS  # quality imports this module
+
+    source = Path(source).resolve()
+    if read_info(source).metadata.get("tokenizer.ggml.model", "none") == "none":  # llama-imatrix would abort
+        raise UserError(f"{source.name} has no tokenizer, so llama-imatrix cannot read the corpus; pass --imatrix "
+                        "FILE, or use a model with one (`autoinfer model synth --tokenizer qwen35`)")
+    name = f"{file_sha256(source)[:16]}-{file_sha256(DEFAULT_CORPUS)[:16]}-c{_IMATRIX_CTX}.gguf"
+    target = cache_dir() / "imatrix" / name
+    if not target.is_file():
+        argv = [str(tools.tool("llama-imatrix")), "-m", str(source), "-f", str(DEFAULT_CORPUS),
+                "-c", str(_IMATRIX_CTX), "--no-ppl", "-o"]
+        _write_atomically(argv, ["-t", str(threads)] if threads else [], target, f"llama-imatrix on {source.name}")
+    return target
+
+
+def build_ladder(source: Path, types: tuple[str, ...], *, out_dir: Path | None = None,
+                 imatrix: Path | Literal["auto"] | None = None, allow_requantize: bool = False,
+                 threads: int | None = None, tools: Tools | None = None,
                  on_rung: Callable[[Rung], None] | None = None) -> list[Rung]:
-    """Quantize `source` to every type in `types` (cached). Checks everything before writing anything."""
+    """Quantize `source` to every type in `types` (cached). Checks everything before writing anything.
+
+    imatrix="auto" gives the types that need an importance matrix one from auto_imatrix; the other types are made
+    without it, so they are the same cached files as in a ladder without --imatrix.
+    """
     source = Path(source).resolve()
     tools = tools or find_tools()
     known = quant_types(tools)
     types = parse_types(",".join(types), known)
-    if imatrix is not None and not Path(imatrix).is_file():
-        raise UserError(f"--imatrix {imatrix} does not exist; make one with llama-imatrix on a text corpus")
+    auto = imatrix == IMATRIX_AUTO
+    if imatrix is not None and not auto and not Path(imatrix).is_file():
+        raise UserError(f"--imatrix {imatrix} does not exist; pass an existing file, or --imatrix auto to make one")
     quantized = weight_types(source) - FLOAT_TYPES
     if quantized and not allow_requantize:
         raise UserError(
             f"{source} already holds quantized weights ({', '.join(sorted(quantized))}); quantize from an "
             "F16/BF16/F32 file, or pass --allow-requantize to accept the extra loss"
         )
-    if imatrix is None:
+    matrix_of = dict.fromkeys(types, None if auto else imatrix)
+    if imatrix is None or auto:
         missing = [t for t in types if not rung_path(source, t, out_dir, None).is_file()
                    and needs_imatrix(tools, source, t)]
-        if missing:
+        if missing and not auto:
             raise UserError(
-                f"{', '.join(missing)} need an importance matrix: pass --imatrix FILE (from llama-imatrix) or "
-                "leave these types out"
+                f"{', '.join(missing)} need an importance matrix: pass --imatrix auto (made with llama-imatrix) or "
+                "--imatrix FILE, or leave these types out"
             )
+        if missing:
+            matrix_of.update(dict.fromkeys(missing, auto_imatrix(source, tools=tools, threads=threads)))
     rungs = []
     for qtype in types:
-        target = rung_path(source, qtype, out_dir, imatrix)
+        matrix = matrix_of[qtype]
+        target = rung_path(source, qtype, out_dir, matrix)
         built = not target.is_file()
         if built:
-            _quantize(tools, source, target, qtype, imatrix=imatrix, allow_requantize=allow_requantize,
+            _quantize(tools, source, target, qtype, imatrix=matrix, allow_requantize=allow_requantize,
                       threads=threads)
-        rung = Rung(qtype, target, target.stat().st_size, built)
+        rung = Rung(qtype, target, target.stat().st_size, built, matrix)
         rungs.append(rung)
         if on_rung is not None:
             on_rung(rung)
@@ -136,21 +169,25 @@ def build_ladder(source: Path, types: tuple[str, ...], *, out_dir: Path | None =
 
 def _quantize(tools: Tools, source: Path, target: Path, qtype: str, *, imatrix: Path | None,
               allow_requantize: bool, threads: int | None) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     argv = [str(tools.tool("llama-quantize"))]
     if imatrix is not None:
         argv += ["--imatrix", str(imatrix)]
     if allow_requantize:
         argv.append("--allow-requantize")
-    argv += [str(source), str(partial), qtype]
-    if threads:
-        argv.append(str(threads))
+    argv.append(str(source))
+    _write_atomically(argv, [qtype, *([str(threads)] if threads else [])], target, f"llama-quantize for {qtype}")
+
+
+def _write_atomically(head: list[str], tail: list[str], target: Path, what: str) -> None:
+    """Run `head PARTIAL tail`, then rename the partial file to `target`: an interrupted run leaves no file that
+    looks finished. The partial name keeps the .gguf suffix, from which llama-imatrix picks its output format."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.stem}.{os.getpid()}.partial{target.suffix}")
     try:
-        done = _run(argv, timeout_s=_QUANTIZE_TIMEOUT_S)
+        done = _run([*head, str(partial), *tail], timeout_s=_QUANTIZE_TIMEOUT_S)
         if done.returncode != 0 or not partial.is_file():
-            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-            raise UserError(f"llama-quantize failed for {qtype} (exit {done.returncode}): {tail}")
+            last = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            raise UserError(f"{what} failed (exit {done.returncode}): {last}")
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)

@@ -56,7 +56,9 @@ def quantize_command(
     source: Path = typer.Argument(..., help="High-precision (F16/BF16/F32) .gguf to quantize."),
     types: str = typer.Option(",".join(DEFAULT_TYPES), "--types", help="Comma-separated llama-quantize types."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Folder for the ladder (default: the cache)."),
-    imatrix: Optional[Path] = typer.Option(None, "--imatrix", help="Importance matrix (needed by IQ2/IQ1 types)."),
+    imatrix: Optional[str] = typer.Option(
+        None, "--imatrix", help="Importance matrix file for every type, or `auto`: made with llama-imatrix on the "
+        "shipped corpus (cached) for the types that need one (IQ2/IQ1)."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized source."),
     quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure KLD/PPL of every rung."),
     corpus: Optional[Path] = CorpusOpt,
@@ -69,7 +71,7 @@ def quantize_command(
     """Build a quantization ladder with llama-quantize (cached), then measure each file's KLD and perplexity
     against the source; prints the `model:` list to paste into a campaign."""
     from autoinfer.llama.binaries import find_tools
-    from autoinfer.model.quantize import build_ladder
+    from autoinfer.model.quantize import IMATRIX_AUTO, build_ladder
 
     console = Console()
     tools = find_tools(llama_bin)
@@ -77,11 +79,16 @@ def quantize_command(
     for column in ("type", "file", "MiB", ""):
         table.add_column(column, justify="right" if column == "MiB" else "left")
     with console.status("quantizing with llama-quantize"):
-        rungs = build_ladder(source, tuple(types.split(",")), out_dir=out_dir, imatrix=imatrix,
+        rungs = build_ladder(source, tuple(types.split(",")), out_dir=out_dir,
+                             imatrix=imatrix if imatrix in (None, IMATRIX_AUTO) else Path(imatrix),
                              allow_requantize=allow_requantize, threads=threads, tools=tools,
                              on_rung=lambda r: table.add_row(r.qtype, str(r.path), f"{r.n_bytes / 2**20:.1f}",
                                                              "built" if r.built else "cached"))
     console.print(table, soft_wrap=True)
+    with_matrix = [r for r in rungs if r.imatrix]  # one matrix per ladder: the file given, or the auto one
+    if with_matrix:
+        console.print(f"importance matrix for {', '.join(r.qtype for r in with_matrix)}: {with_matrix[0].imatrix}",
+                      highlight=False, soft_wrap=True)
     files = [Path(source).resolve(), *(r.path for r in rungs)]
     if quality:
         _quality_table(console, files, _settings(corpus, ctx, chunks, threads, n_gpu_layers), None, tools)

@@ -8,9 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from autoinfer.campaign import runner, store
-from autoinfer.campaign.drift import DRIFT_ATTR, flagged_trials
+from autoinfer.campaign.drift import DRIFT_ATTR, DriftAnchor, flagged_trials
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
+from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.errors import UserError
 from autoinfer.paths import trial_dir
 
@@ -22,16 +23,38 @@ def _campaign(**keys):
 def test_drift_idle_and_inject_defaults():
     c = _campaign()
     assert (c.drift.every, c.drift.threshold, c.drift.max_backoffs, c.drift.baseline) == (10, 0.2, 3, {})
+    assert c.drift.reference_runs == 3
     assert (c.idle.policy, c.idle.cpu_busy_percent) == ("warn", 50)
     assert c.inject_load is None
     assert (c.measure.max_cv, c.measure.rerun_noisy) == (0.15, True)
     assert _campaign(drift={"every": None}).drift.every is None
 
 
+def test_drift_is_judged_outside_the_reference_runs_spread(tmp_path, monkeypatch):
+    """Three start runs at 100, 60 and 95 tok/s (a VM whose processes land on fast or slow cores): a later 55
+    and 118 are inside the spread widened by the threshold, 40 and 121 are outside it."""
+    import optuna
+
+    monkeypatch.setenv("AUTOINFER_RESULTS", str(tmp_path))
+    study = optuna.create_study(study_name="band")
+    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf"}, "anchors": []})
+    scores = iter([100.0, 60.0, 95.0, 55.0, 40.0, 118.0, 121.0])
+    notes: list[str] = []
+    anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2}),
+                         lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3), notes.append)
+    anchor.measure_reference(after_trial=0)
+    assert "spread 67%" in notes[-1]
+    judged = [anchor.measure(after_trial=n, label="periodic") for n in range(1, 5)]
+    assert [a["drifted"] for a in judged] == [False, True, False, True]
+    assert judged[0]["ratio"] == pytest.approx(55 / 95)
+    assert [a["label"] for a in study.user_attrs[DRIFT_ATTR]["anchors"][:3]] == ["start"] * 3
+
+
 @pytest.mark.parametrize("keys,where", [
     ({"drift": {"every": 0}}, r"drift\.every"),
     ({"drift": {"threshold": 1.5}}, r"drift\.threshold"),
     ({"drift": {"backoff_s": -1}}, r"drift\.backoff_s"),
+    ({"drift": {"reference_runs": 0}}, r"drift\.reference_runs"),
     ({"drift": {"baseline": {"threads": [1, 2]}}}, r"drift\.baseline"),
     ({"idle": {"policy": "sleep"}}, r"idle\.policy"),
     ({"idle": {"cpu_busy_percent": 150}}, r"idle\.cpu_busy_percent"),

@@ -112,6 +112,7 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, 
     for t in by_outcome.get("rejected", []):  # known refusals are recorded without starting llama.cpp
         assert t.user_attrs["unmeasured"] and "flash attention" in t.user_attrs["reason"]
         assert t.params["type_v"] == "q8_0" and t.params["flash_attn"] == "off" and not t.user_attrs["engine_cmd"]
+        assert t.state.name == "PRUNED" and t.constraints == {"rejected": 1.0}  # infeasible to the sampler
     measured = [t for t in trials if not t.user_attrs.get("unmeasured")]
     assert len(measured) == 6  # refusals cost no measurement and do not count against the budget
 

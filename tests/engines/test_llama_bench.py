@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoinfer.engines.base import Outcome, RunContext, TrialConfig, create
+from autoinfer.engines.base import Outcome
 from autoinfer.engines.llama_bench import measurement_from_json, parse_records
 from autoinfer.engines.llama_common import (
     bench_args,
@@ -23,30 +23,17 @@ from autoinfer.engines.llama_common import (
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
 
+from .helpers import context, trial
+
+ENGINE = "llama-bench"
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "llama_bench"
-
-
-@pytest.fixture(scope="module")
-def engine(llama_tools):
-    e = create("llama-bench", llama_bin=llama_tools.bin_dir)
-    e.check()
-    return e
-
-
-def _cfg(model: Path, **kw) -> TrialConfig:
-    base = dict(n_prompt=32, n_gen=8, repetitions=2, threads=2, n_gpu_layers=0)
-    return TrialConfig(model, **{**base, **kw})
-
-
-def _ctx(tmp_path: Path, timeout_s: float = 120) -> RunContext:
-    return RunContext(timeout_s=timeout_s, artifacts=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ real runs
 
 
 def test_real_run_gives_samples_raw_json_and_memory(engine, llama_tools, tiny_model, tmp_path):
-    m = engine.run(_cfg(tiny_model), _ctx(tmp_path))
+    m = engine.run(trial(tiny_model), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert len(m.pp_samples) == 2 and len(m.tg_samples) == 2
     assert all(v > 0 for v in m.pp_samples + m.tg_samples)
@@ -71,16 +58,16 @@ def test_model_path_with_spaces_survives(engine, tiny_model, tmp_path):
     spaced = tmp_path / "my models" / "tiny model; rm -rf x.gguf"
     spaced.parent.mkdir()
     shutil.copy(tiny_model, spaced)
-    m = engine.run(_cfg(spaced, repetitions=1), _ctx(tmp_path))
+    m = engine.run(trial(spaced, repetitions=1), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert str(spaced) in m.engine_cmd
     assert json.loads(m.raw_output)[0]["model_filename"] == str(spaced)
 
 
 def test_pp_only_and_bench_extras_reach_llama_bench(engine, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, n_gen=0, repetitions=1,
-               extra=(("cpu_mask", "0x1"), ("cpu_strict", True), ("poll", 10), ("prio", 0), ("delay", 0)))
-    m = engine.run(cfg, _ctx(tmp_path))
+    cfg = trial(tiny_model, n_gen=0, repetitions=1,
+                extra=(("cpu_mask", "0x1"), ("cpu_strict", True), ("poll", 10), ("prio", 0), ("delay", 0)))
+    m = engine.run(cfg, context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert m.tg_samples == () and len(m.pp_samples) == 1
     (rec,) = json.loads(m.raw_output)
@@ -89,7 +76,7 @@ def test_pp_only_and_bench_extras_reach_llama_bench(engine, tiny_model, tmp_path
 
 def test_override_tensors_are_joined_with_semicolons(engine, tiny_model, tmp_path):
     patterns = (r"blk\.0\.ffn_.*_exps=CPU", r"blk\.1\.ffn_.*_exps=CPU")
-    m = engine.run(_cfg(tiny_model, n_gen=0, repetitions=1, override_tensors=patterns), _ctx(tmp_path))
+    m = engine.run(trial(tiny_model, n_gen=0, repetitions=1, override_tensors=patterns), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert m.engine_cmd[m.engine_cmd.index("-ot") + 1] == ";".join(patterns)
     assert json.loads(m.raw_output)[0]["tensor_buft_overrides"] == ";".join(patterns)
@@ -98,7 +85,7 @@ def test_override_tensors_are_joined_with_semicolons(engine, tiny_model, tmp_pat
 def test_truncated_gguf_is_load_failed(engine, tiny_model, tmp_path):
     broken = tmp_path / "truncated.gguf"
     broken.write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
-    m = engine.run(_cfg(broken), _ctx(tmp_path))
+    m = engine.run(trial(broken), context(tmp_path))
     assert m.outcome is Outcome.LOAD_FAILED
     assert "error loading model" in m.reason and "file bounds" in m.reason
 
@@ -106,19 +93,19 @@ def test_truncated_gguf_is_load_failed(engine, tiny_model, tmp_path):
 def test_bad_magic_is_load_failed(engine, tiny_model, tmp_path):
     broken = tmp_path / "magic.gguf"
     broken.write_bytes(b"XXXX" + tiny_model.read_bytes()[4:])
-    m = engine.run(_cfg(broken), _ctx(tmp_path))
+    m = engine.run(trial(broken), context(tmp_path))
     assert m.outcome is Outcome.LOAD_FAILED and "error loading model" in m.reason
     assert "invalid magic" in m.stderr
 
 
 def test_quantized_v_cache_without_flash_attention_is_rejected(engine, tiny_model, tmp_path):
-    m = engine.run(_cfg(tiny_model, type_v="q8_0", flash_attn="off"), _ctx(tmp_path))
+    m = engine.run(trial(tiny_model, type_v="q8_0", flash_attn="off"), context(tmp_path))
     assert m.outcome is Outcome.REJECTED
     assert "quantized V cache requires flash_attn" in m.reason
 
 
 def test_unknown_cache_type_is_rejected(engine, tiny_model, tmp_path):
-    m = engine.run(_cfg(tiny_model, type_k="q3_nonsense"), _ctx(tmp_path))
+    m = engine.run(trial(tiny_model, type_k="q3_nonsense"), context(tmp_path))
     assert m.outcome is Outcome.REJECTED and m.reason == "error: invalid parameter for argument: -ctk"
 
 
@@ -133,7 +120,7 @@ def _processes_with(text: str) -> list[psutil.Process]:
 def test_timeout_kills_llama_bench(engine, tiny_model, tmp_path):
     unique = tmp_path / "timeout-victim.gguf"
     shutil.copy(tiny_model, unique)
-    m = engine.run(_cfg(unique, n_prompt=0, n_gen=100000, repetitions=5), _ctx(tmp_path, timeout_s=1.5))
+    m = engine.run(trial(unique, n_prompt=0, n_gen=100000, repetitions=5), context(tmp_path, timeout_s=1.5))
     assert m.outcome is Outcome.TIMEOUT
     assert 1.5 <= m.wall_s < 10
     assert _processes_with(str(unique)) == []
@@ -141,7 +128,7 @@ def test_timeout_kills_llama_bench(engine, tiny_model, tmp_path):
 
 def test_memory_limit_is_oom(llama_tools, tiny_model):
     """A real allocation failure: llama-bench under a 1 GiB address-space limit asked for a 4096-token batch."""
-    cfg = _cfg(tiny_model, n_prompt=4096, n_gen=0, batch=4096, ubatch=4096, repetitions=1)
+    cfg = trial(tiny_model, n_prompt=4096, n_gen=0, batch=4096, ubatch=4096, repetitions=1)
     limit = 1 << 30
     wrapper = [sys.executable, "-c",
                "import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]),) * 2); "
@@ -192,7 +179,7 @@ def _fixture(name: str) -> str:
 
 
 def test_current_json_fields():
-    m = measurement_from_json(_fixture("current_0c1e570.json"), _cfg(Path("m.gguf")))
+    m = measurement_from_json(_fixture("current_0c1e570.json"), trial(Path("m.gguf")))
     assert m.outcome is Outcome.OK
     assert m.pp_samples == (40.1747, 39.6063) and m.tg_samples == (221.447, 776.276)
     assert m.engine_s == pytest.approx((796520460 + 807951724 + 36126040 + 10305609) / 1e9)
@@ -201,14 +188,14 @@ def test_current_json_fields():
 
 
 def test_jsonl_gives_the_same_measurement():
-    cfg = _cfg(Path("m.gguf"))
+    cfg = trial(Path("m.gguf"))
     a = measurement_from_json(_fixture("current_0c1e570.json"), cfg)
     b = measurement_from_json(_fixture("current_0c1e570.jsonl"), cfg)
     assert (a.pp_samples, a.tg_samples, a.engine_s) == (b.pp_samples, b.tg_samples, b.engine_s)
 
 
 def test_old_build_without_samples_falls_back_to_the_average_and_says_so():
-    m = measurement_from_json(_fixture("old_use_mmap_no_samples.json"), _cfg(Path("m.gguf")))
+    m = measurement_from_json(_fixture("old_use_mmap_no_samples.json"), trial(Path("m.gguf")))
     assert m.outcome is Outcome.OK
     assert m.pp_samples == (39.890532,) and len(m.tg_samples) == 1
     assert "avg_ts" in m.metrics["pp_samples_source"] and "avg_ts" in m.metrics["tg_samples_source"]
@@ -216,7 +203,7 @@ def test_old_build_without_samples_falls_back_to_the_average_and_says_so():
 
 
 def test_newer_fields_and_combined_test_are_ignored():
-    m = measurement_from_json(_fixture("newer_extra_fields_and_pg.json"), _cfg(Path("m.gguf")))
+    m = measurement_from_json(_fixture("newer_extra_fields_and_pg.json"), trial(Path("m.gguf")))
     assert m.outcome is Outcome.OK
     assert m.pp_samples == (40.1747, 39.6063) and m.tg_samples == (221.447, 776.276)
 
@@ -224,13 +211,13 @@ def test_newer_fields_and_combined_test_are_ignored():
 def test_truncated_output_keeps_complete_records_and_is_bad_output_when_a_test_is_missing():
     text = _fixture("truncated_after_pp.json")
     assert [r["n_prompt"] for r in parse_records(text)] == [32]
-    m = measurement_from_json(text, _cfg(Path("m.gguf")))
+    m = measurement_from_json(text, trial(Path("m.gguf")))
     assert m.outcome is Outcome.BAD_OUTPUT and "no tg record" in m.reason
-    assert measurement_from_json(text, _cfg(Path("m.gguf"), n_gen=0)).outcome is Outcome.OK
+    assert measurement_from_json(text, trial(Path("m.gguf"), n_gen=0)).outcome is Outcome.OK
 
 
 def test_exit_zero_without_json_is_bad_output():
-    m = measurement_from_json("| model | size |\n", _cfg(Path("m.gguf")))
+    m = measurement_from_json("| model | size |\n", trial(Path("m.gguf")))
     assert m.outcome is Outcome.BAD_OUTPUT and "no JSON records" in m.reason
 
 
@@ -238,7 +225,7 @@ def test_exit_zero_without_json_is_bad_output():
 
 
 def test_bench_args_are_a_list_of_strings_with_json_output(llama_tools, tiny_model):
-    cfg = _cfg(tiny_model, n_cpu_moe=3, load_mode="none", extra=(("cpu_strict", True), ("prio", 2)))
+    cfg = trial(tiny_model, n_cpu_moe=3, load_mode="none", extra=(("cpu_strict", True), ("prio", 2)))
     argv = bench_args(cfg, llama_tools)
     assert all(isinstance(a, str) for a in argv)
     assert argv[-2:] == ["-o", "json"]
@@ -250,28 +237,28 @@ def test_bench_args_are_a_list_of_strings_with_json_output(llama_tools, tiny_mod
 @pytest.mark.parametrize("pattern", [r"blk\.[0-9]{1,2}\.ffn_.*=CPU", "a;b=CPU"])
 def test_override_pattern_with_a_separator_is_refused(pattern):
     with pytest.raises(UserError, match="separator"):
-        bench_args(_cfg(Path("m.gguf"), override_tensors=(pattern,)))
+        bench_args(trial(Path("m.gguf"), override_tensors=(pattern,)))
 
 
 def test_cpu_mask_list_is_refused():
     with pytest.raises(UserError, match="one hex mask"):
-        bench_args(_cfg(Path("m.gguf"), extra=(("cpu_mask", "0x1,0x2"),)))
+        bench_args(trial(Path("m.gguf"), extra=(("cpu_mask", "0x1,0x2"),)))
 
 
 def test_older_build_flags():
     """A build from before -ncmoe and -lm: defaults are left out, -mmp is used, other values are refused."""
     old = frozenset({"-m", "-p", "-n", "-r", "-t", "-b", "-ub", "-ctk", "-ctv", "-fa", "-ngl", "-mmp", "-o"})
-    argv = bench_args_for(_cfg(Path("m.gguf"), load_mode="none"), old)
+    argv = bench_args_for(trial(Path("m.gguf"), load_mode="none"), old)
     assert "-ncmoe" not in argv and "-lm" not in argv
     assert argv[argv.index("-mmp") + 1] == "0"
     with pytest.raises(UserError, match="no -ncmoe flag"):
-        bench_args_for(_cfg(Path("m.gguf"), n_cpu_moe=4), old)
+        bench_args_for(trial(Path("m.gguf"), n_cpu_moe=4), old)
     with pytest.raises(UserError, match="load_mode='mlock'"):
-        bench_args_for(_cfg(Path("m.gguf"), load_mode="mlock"), old)
+        bench_args_for(trial(Path("m.gguf"), load_mode="mlock"), old)
 
 
 def test_server_args(llama_tools):
-    cfg = _cfg(Path("/m/x.gguf"), override_tensors=("a=CPU", "b=CPU"), n_prompt=500, n_gen=20, load_mode="none")
+    cfg = trial(Path("/m/x.gguf"), override_tensors=("a=CPU", "b=CPU"), n_prompt=500, n_gen=20, load_mode="none")
     argv = server_args(cfg, llama_tools)
     pairs = dict(zip(argv[::2], argv[1::2]))
     assert pairs["-ot"] == "a=CPU,b=CPU" and pairs["-tb"] == "2" and pairs["-lm"] == "none"
@@ -279,4 +266,4 @@ def test_server_args(llama_tools):
     assert "--port" not in argv and "--host" not in argv
     assert server_context(cfg.with_(extra=(("ctx_size", 4096),))) == 4096
     with pytest.raises(UserError, match="separator"):
-        server_args(_cfg(Path("m.gguf"), override_tensors=("blk\\.{1,2}=CPU",)))
+        server_args(trial(Path("m.gguf"), override_tensors=("blk\\.{1,2}=CPU",)))

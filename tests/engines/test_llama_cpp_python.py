@@ -4,38 +4,26 @@ cross-check of the three llama.cpp engines on one configuration."""
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from pathlib import Path
 
 import psutil
 import pytest
 
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.engines.base import Outcome, RunContext, TrialConfig, create
+from autoinfer.engines.base import Outcome, create
 from autoinfer.engines.llama_cpp_python import llama_kwargs
 from autoinfer.errors import UserError
 
+from .helpers import context, trial
 
-@pytest.fixture(scope="module")
-def chat_model() -> Path:
-    from autoinfer.model.synth import cached_model
+ENGINE = "llama-cpp-python"
 
-    return cached_model("tiny", "Q8_0", tokenizer="qwen35")
-
-
-@pytest.fixture(scope="module")
-def engine(llama_tools):
-    e = create("llama-cpp-python", llama_bin=llama_tools.bin_dir)
-    e.check()
-    return e
-
-
-def _cfg(model: Path, **kw) -> TrialConfig:
-    base = dict(n_prompt=32, n_gen=8, repetitions=2, threads=2, n_gpu_layers=0, flash_attn="off")
-    return TrialConfig(model, **{**base, **kw})
+_cfg = partial(trial, flash_attn="off")
 
 
 def test_measures_through_the_builds_libllama(engine, llama_tools, chat_model, tmp_path):
-    m = engine.run(_cfg(chat_model, type_k="q8_0"), RunContext(timeout_s=120, artifacts=tmp_path))
+    m = engine.run(_cfg(chat_model, type_k="q8_0"), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert len(m.tg_samples) == 2 and len(m.pp_samples) == 2 and all(v > 0 for v in m.tg_samples + m.pp_samples)
     assert Path(m.env["library_loaded"]).resolve() == (llama_tools.lib_dir / "libllama.so").resolve()
@@ -47,7 +35,7 @@ def test_measures_through_the_builds_libllama(engine, llama_tools, chat_model, t
 def test_load_failure_is_an_outcome(engine, tmp_path):
     bogus = tmp_path / "not a model.gguf"
     bogus.write_bytes(b"GGUF" + b"\0" * 64)
-    m = engine.run(_cfg(bogus), RunContext(timeout_s=120, artifacts=tmp_path))
+    m = engine.run(_cfg(bogus), context(tmp_path))
     assert m.outcome is Outcome.LOAD_FAILED, (m.outcome, m.reason)
 
 
@@ -82,7 +70,7 @@ def test_three_engines_agree_on_one_configuration(engine, llama_tools, chat_mode
     medians = {}
     for name in ("llama-bench", "llama-server", "llama-cpp-python"):
         e = engine if name == "llama-cpp-python" else create(name, llama_bin=llama_tools.bin_dir)
-        m = e.run(config, RunContext(timeout_s=300, artifacts=tmp_path))
+        m = e.run(config, context(tmp_path, 300))
         assert m.outcome is Outcome.OK, (name, m.reason)
         medians[name] = (statistics.median(m.pp_samples), statistics.median(m.tg_samples))
     for kind, index in (("pp", 0), ("tg", 1)):

@@ -11,36 +11,16 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
 
-from autoinfer.engines.base import Outcome, RunContext, TrialConfig, create
+from autoinfer.engines.base import Outcome
 from autoinfer.engines.llama_server import free_port
 
+from .helpers import context, trial
 
-@pytest.fixture(scope="module")
-def chat_model() -> Path:
-    from autoinfer.model.synth import cached_model
-
-    return cached_model("tiny", "Q8_0", tokenizer="qwen35")
-
-
-@pytest.fixture(scope="module")
-def engine(llama_tools):
-    e = create("llama-server", llama_bin=llama_tools.bin_dir)
-    e.check()
-    return e
-
-
-def _cfg(model: Path, **kw) -> TrialConfig:
-    base = dict(n_prompt=32, n_gen=8, repetitions=2, threads=2, n_gpu_layers=0)
-    return TrialConfig(model, **{**base, **kw})
-
-
-def _ctx(tmp_path: Path, timeout_s: float = 120) -> RunContext:
-    return RunContext(timeout_s=timeout_s, artifacts=tmp_path)
+ENGINE = "llama-server"
 
 
 def _servers(root: psutil.Process) -> list[psutil.Process]:
@@ -82,7 +62,7 @@ def _wait_healthy(root: psutil.Process, deadline_s: float = 60) -> tuple[psutil.
 
 
 def test_measures_prompt_and_generation_with_startup_and_ttft(engine, chat_model, tmp_path):
-    m = engine.run(_cfg(chat_model), _ctx(tmp_path))
+    m = engine.run(trial(chat_model), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert len(m.tg_samples) == 2 and len(m.pp_samples) == 2
     assert all(v > 0 for v in m.tg_samples + m.pp_samples)
@@ -99,7 +79,7 @@ def test_measures_prompt_and_generation_with_startup_and_ttft(engine, chat_model
 
 
 def test_parallel_slots_sum_concurrent_requests(engine, chat_model, tmp_path):
-    m = engine.run(_cfg(chat_model, repetitions=1, extra=(("parallel", 2),)), _ctx(tmp_path))
+    m = engine.run(trial(chat_model, repetitions=1, extra=(("parallel", 2),)), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert "-np" in m.engine_cmd and m.engine_cmd[m.engine_cmd.index("-np") + 1] == "2"
     # one slot needs 256 tokens of context (32 + 8 rounded up); two slots get twice that
@@ -113,13 +93,13 @@ def test_parallel_slots_sum_concurrent_requests(engine, chat_model, tmp_path):
 def test_load_failure_is_an_outcome(engine, tmp_path):
     bogus = tmp_path / "not a model.gguf"  # a space in the path must survive too
     bogus.write_bytes(b"GGUF" + b"\0" * 64)
-    m = engine.run(_cfg(bogus), _ctx(tmp_path))
+    m = engine.run(trial(bogus), context(tmp_path))
     assert m.outcome is Outcome.LOAD_FAILED, (m.outcome, m.reason)
     assert not _servers(psutil.Process())
 
 
 def test_timeout_kills_the_server(engine, chat_model, tmp_path):
-    m = engine.run(_cfg(chat_model, n_gen=100000, repetitions=1), _ctx(tmp_path, timeout_s=8))
+    m = engine.run(trial(chat_model, n_gen=100000, repetitions=1), context(tmp_path, timeout_s=8))
     assert m.outcome is Outcome.TIMEOUT, (m.outcome, m.reason)
     assert not _servers(psutil.Process())
     assert _port_free(m.env["port"])
@@ -127,8 +107,8 @@ def test_timeout_kills_the_server(engine, chat_model, tmp_path):
 
 def test_server_killed_mid_trial_is_a_crash_without_orphans(engine, chat_model, tmp_path):
     result = {}
-    config = _cfg(chat_model, n_gen=100000, repetitions=1)
-    worker = threading.Thread(target=lambda: result.setdefault("m", engine.run(config, _ctx(tmp_path, 300))))
+    config = trial(chat_model, n_gen=100000, repetitions=1)
+    worker = threading.Thread(target=lambda: result.setdefault("m", engine.run(config, context(tmp_path, 300))))
     worker.start()
     server, port = _wait_healthy(psutil.Process())
     time.sleep(1.0)  # the measured request is being generated now

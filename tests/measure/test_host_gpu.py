@@ -108,7 +108,7 @@ time.sleep({hold_s})
 @needs_gpu
 def test_device_memory_peak_of_a_child():
     ctypes.CDLL("libcuda.so.1")  # the driver library this test needs
-    res = run_isolated(_cuda_alloc_child(2048, 1.5), timeout_s=60, gpu_index=0)
+    res = run_isolated(_cuda_alloc_child(2048, 1.5), timeout_s=60, gpus=(0,))
     assert res.returncode == 0, res.stderr
     # 2 GiB of buffer plus the CUDA context (a few hundred MiB)
     assert 2048 <= res.vram_peak_mib < 2048 + 1024

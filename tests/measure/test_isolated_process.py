@@ -141,13 +141,13 @@ def test_bad_argv_and_missing_program():
         run_isolated(["/nonexistent/program"], timeout_s=5)
 
 
-def test_no_gpu_index_means_no_device_memory():
+def test_no_gpus_means_no_device_memory():
     assert run_isolated(["true"], timeout_s=10).vram_peak_mib is None
 
 
 @pytest.mark.skipif(nvml_available(), reason="checks the machine without an NVIDIA driver")
-def test_gpu_index_without_a_driver_is_harmless():
-    res = run_isolated(["true"], timeout_s=10, gpu_index=0)
+def test_gpus_without_a_driver_are_harmless():
+    res = run_isolated(["true"], timeout_s=10, gpus=(0,))
     assert res.returncode == 0 and res.vram_peak_mib is None and res.vram_method is None
 
 

@@ -7,10 +7,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from gguf import GGUFReader
+from typer.testing import CliRunner
 
 from autoinfer.campaign.spec import parse_campaign
+from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.model.quality import (
+    DEFAULT_CORPUS,
     QualitySettings,
     load_quality,
     measure_quality,
@@ -18,7 +22,13 @@ from autoinfer.model.quality import (
     parse_reference_ppl,
     reference_of,
 )
-from autoinfer.model.quantize import build_ladder, parse_types
+from autoinfer.model.quantize import (
+    build_ladder,
+    file_sha256,
+    parse_types,
+    weight_types,
+)
+from autoinfer.model.synth import cached_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perplexity"
 LADDER = ("Q8_0", "Q4_K_M", "Q2_K")
@@ -27,8 +37,6 @@ SETTINGS = QualitySettings(ctx=128, chunks=4, threads=2)
 
 @pytest.fixture(scope="module")
 def f16_model() -> Path:
-    from autoinfer.model.synth import cached_model
-
     return cached_model("tiny", "F16", tokenizer="qwen35")
 
 
@@ -69,11 +77,41 @@ def test_ladder_is_built_once_and_shrinks(llama_tools, f16_model, ladder):
 
 
 def test_types_needing_an_imatrix_and_quantized_sources_are_refused(llama_tools, f16_model, ladder, tmp_path):
-    with pytest.raises(UserError, match="IQ2_XXS need an importance matrix"):
+    with pytest.raises(UserError, match="IQ2_XXS need an importance matrix: pass --imatrix auto"):
         build_ladder(f16_model, ("Q8_0", "IQ2_XXS"), out_dir=tmp_path, tools=llama_tools)
+    with pytest.raises(UserError, match="does not exist; pass an existing file, or --imatrix auto"):
+        build_ladder(f16_model, ("IQ2_XXS",), out_dir=tmp_path, imatrix=tmp_path / "auto", tools=llama_tools)
+    with pytest.raises(UserError, match="has no tokenizer, so llama-imatrix cannot read the corpus"):
+        build_ladder(cached_model("tiny", "F16"), ("IQ2_XXS",), out_dir=tmp_path, imatrix="auto", tools=llama_tools)
     assert not list(tmp_path.iterdir())  # checked before anything was written
     with pytest.raises(UserError, match="already holds quantized weights"):
         build_ladder(ladder[0].path, ("Q4_K_M",), out_dir=tmp_path, tools=llama_tools)
+
+
+def test_auto_imatrix_is_made_once_and_used_for_the_types_that_need_one(llama_tools, f16_model, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("AUTOINFER_CACHE", str(tmp_path / "cache"))  # a fresh cache: the real llama-imatrix runs
+    plain, low = build_ladder(f16_model, ("Q4_K_M", "IQ2_XXS"), imatrix="auto", threads=2, tools=llama_tools)
+    matrix = low.imatrix
+    assert plain.imatrix is None and "-im" not in plain.path.parent.name  # the file a ladder without it makes
+    assert matrix.parent == tmp_path / "cache" / "imatrix"
+    assert matrix.name.startswith(f"{file_sha256(f16_model)[:16]}-{file_sha256(DEFAULT_CORPUS)[:16]}-")
+    fields = GGUFReader(str(matrix)).fields
+    assert fields["general.type"].contents() == "imatrix"
+    assert fields["imatrix.datasets"].contents() == [str(DEFAULT_CORPUS)] and fields["imatrix.chunk_count"].contents() > 1
+    assert low.built and low.path.parent.name.endswith(f"-im{file_sha256(matrix)[:8]}")
+    assert "IQ2_XXS" in weight_types(low.path)
+    made_at = matrix.stat().st_mtime_ns
+    again = build_ladder(f16_model, ("Q4_K_M", "IQ2_XXS"), imatrix="auto", tools=llama_tools)
+    assert [(r.path, r.built, r.imatrix) for r in again] == [(plain.path, False, None), (low.path, False, matrix)]
+    assert matrix.stat().st_mtime_ns == made_at  # cached by (model hash, corpus hash), not made again
+    measured = measure_quality([f16_model, plain.path, low.path], SETTINGS, tools=llama_tools)
+    assert 0 < measured[plain.path].kld < measured[low.path].kld  # 2 bits cost more than 4.5, even calibrated
+
+    cli = CliRunner().invoke(app, ["model", "quantize", str(f16_model), "--types", "IQ2_XXS,Q4_K_M", "--imatrix",
+                                   "auto", "--no-quality", "--llama-bin", str(llama_tools.bin_dir)])
+    assert cli.exit_code == 0, cli.output
+    assert f"importance matrix for IQ2_XXS: {matrix}" in cli.output.replace("\n", "") and "cached" in cli.output
 
 
 def test_kld_grows_as_precision_drops(llama_tools, f16_model, ladder):

@@ -71,9 +71,33 @@ FIT_OUTPUT = ("-c 4096 -ngl 41 -ot \"" + ",".join(
 
 
 def test_fit_params_answer_is_parsed_into_a_placement():
-    ngl, patterns = parse_fit_params("llama_params_fit: done\n" + FIT_OUTPUT)
-    assert ngl == 41 and len(patterns) == 10
+    ngl, patterns, split = parse_fit_params("llama_params_fit: done\n" + FIT_OUTPUT)
+    assert ngl == 41 and len(patterns) == 10 and split is None
     assert layers_on_cpu(patterns, shape_35b().tensor_names) == frozenset(range(30, 40))
-    assert parse_fit_params("-c 512 -ngl 99\n") == (99, ())
+    assert parse_fit_params("-c 512 -ngl 99\n") == (99, (), None)
+    assert parse_fit_params("-c 512 -ngl 41 -ts 25,16\n") == (41, (), "25/16")
     with pytest.raises(ValueError):
         parse_fit_params("error: failed to fit\n")
+
+
+def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_tools):
+    """llama-fit-params' -ts on several GPUs replaces the trial's tensor split and nothing else."""
+    import optuna
+
+    from autoinfer.campaign.informed import FIT_SPLIT_ATTR, SearchAid
+    from autoinfer.campaign.space import distributions, suggest, to_config
+    from autoinfer.engines import base
+    from autoinfer.model.placement import EXPERT_TENSORS
+
+    campaign = parse_campaign({"name": "x", "model": str(tiny_model), "space": {
+        "placement": ["last"], "cpu_expert_layers": [2], "tensor_split": ["1/1"]}})
+    models = {str(tiny_model): str(tiny_model)}
+    aid = SearchAid.create(campaign, base.create("llama-bench"), models)
+    study = optuna.create_study()
+    study.enqueue_trial({"placement": "last", "cpu_expert_layers": 2, "tensor_split": "1/1"},
+                        user_attrs={FIT_SPLIT_ATTR: "17/24"})
+    dists = distributions(campaign)
+    trial = study.ask(dists)
+    config = aid.realize(to_config(campaign, suggest(trial, dists), models), trial)
+    assert config.override_tensors == (rf"blk\.(2|3)\.{EXPERT_TENSORS}=CPU",)
+    assert config.get("tensor_split") == "17/24"

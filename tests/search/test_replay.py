@@ -49,6 +49,17 @@ def test_replay_reproduces_the_table(planted, tmp_path):
     assert m.metrics["replay_distance"] > 0 and statistics.median(m.tg_samples) == df.iloc[m.metrics["replay_row"]].tg
 
 
+def test_per_gpu_peaks_replay_and_are_not_parameters(planted, tmp_path):
+    df = pd.read_csv(planted)
+    two = tmp_path / "two-gpus.csv"
+    df.assign(vram_gpu0_mib=df.vram_mib, vram_gpu1_mib=df.vram_mib / 2).to_csv(two, index=False)
+    engine = base.create("replay", table=str(two))
+    assert engine.supported == frozenset({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
+    row = df.iloc[5]
+    m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
+    assert m.vram_per_gpu_mib == (row.vram_mib, row.vram_mib / 2) and m.vram_peak_mib == row.vram_mib
+
+
 def test_replay_prunes_on_request(planted, tmp_path):
     engine = base.create("replay", table=str(planted))
     row = pd.read_csv(planted).iloc[0]

@@ -10,12 +10,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 
+import optuna
 import psutil
 import pytest
 import yaml
-from optuna.trial import TrialState
+from optuna.distributions import IntDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 from autoinfer.campaign import hardware, store
 from autoinfer.campaign.runner import sqlite_single_worker, sweep
@@ -177,3 +180,28 @@ def test_gpus_option_starts_one_worker_per_gpu(tmp_path, pg_url):
     pids = {h["pid"]: h["cuda_visible_devices"] for h in hosts}  # each child sees one GPU, always the same
     assert len(set(pids.values())) == len(pids)
     assert sum(int(n) for n in re.findall(r"worker done: (\d+) trial", parent.stdout)) == 12
+
+
+def test_wall_time_is_the_campaigns_not_each_workers():
+    """Two workers' overlapping trials count once, the gap between resumed sessions not at all, and the asking
+    worker's own session (anchors, set-up) counts whole."""
+    t0 = datetime(2026, 1, 1, 22, 0, 0)
+    study = optuna.create_study()
+
+    def add(start_s: float, end_s: float | None) -> None:
+        state = TrialState.COMPLETE if end_s is not None else TrialState.RUNNING
+        study.add_trial(FrozenTrial(
+            number=0, state=state, value=1.0 if end_s is not None else None, values=None,
+            datetime_start=t0 + timedelta(seconds=start_s),
+            datetime_complete=t0 + timedelta(seconds=end_s) if end_s is not None else None,
+            params={"x": 1}, distributions={"x": IntDistribution(0, 2)}, user_attrs={}, system_attrs={},
+            intermediate_values={}, trial_id=0))
+
+    add(0, 10)  # worker A
+    add(5, 12)  # worker B, overlapping A
+    add(100, 104)  # a later session, after a reboot
+    assert store.elapsed_s(study) == pytest.approx(16.0)
+    now = datetime.now()
+    assert store.elapsed_s(study, since=now - timedelta(seconds=30)) == pytest.approx(46.0, abs=0.5)
+    add((now - t0).total_seconds() - 20, None)  # running now, inside this worker's session: counted once
+    assert store.elapsed_s(study, since=now - timedelta(seconds=30)) == pytest.approx(46.0, abs=0.5)

@@ -12,9 +12,9 @@ from typing import Callable
 
 import torch
 
-from autoinfer.errors import UserError
 from autoinfer.refengine.ops.gdn.chunk import chunk_gated_delta_rule
 from autoinfer.refengine.ops.gdn.naive import recurrent_gated_delta_rule
+from autoinfer.refengine.ops.variants import pick
 
 GdnFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -23,6 +23,4 @@ REFERENCE = "naive"
 
 
 def get(name: str) -> GdnFn:
-    if name not in VARIANTS:
-        raise UserError(f"gdn variant {name!r} is not one of {', '.join(VARIANTS)}")
-    return VARIANTS[name]
+    return pick("gdn", VARIANTS, name)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from autoinfer.errors import UserError
+from autoinfer.refengine.ops.variants import pick
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,4 @@ REFERENCE = "loop"
 
 
 def get(name: str) -> MoeFn:
-    if name not in VARIANTS:
-        raise UserError(f"moe variant {name!r} is not one of {', '.join(VARIANTS)}")
-    return VARIANTS[name]
+    return pick("moe", VARIANTS, name)
