@@ -6,7 +6,9 @@ started from reported the best of 17 replicates). The top-k distinct configurati
 times each, interleaved (A B C, B C A, C A B, …) so slow drift hits all of them alike, each run a fresh
 process. One score per run (the objective on that run's median) is one independent sample; the leader is
 compared with every other finalist (Mann-Whitney U or Welch, Holm-corrected). Finalists that cannot be told
-apart from the leader are a tie, and the one using the least memory is recommended.
+apart from the leader are a tie, and the one using the least memory is recommended; peaks within
+`confirm.memory_tolerance` of the smallest are the same memory (a few KiB of RSS is not a saving), and the fastest
+of those wins.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def _memory(runs: list[dict[str, Any]]) -> tuple[float, str]:
     return (statistics.median(rss), "rss") if rss else (float("inf"), "none")
 
 
-def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str) -> dict[str, Any]:
+def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
+           memory_tolerance: float = 0.0) -> dict[str, Any]:
     """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores).
 
     Finalists with fewer than 2 successful runs cannot be judged and are left out.
@@ -74,7 +77,9 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     differ = holm([r.p_value for r in results], alpha)
     tied = [n for n, d in zip(others, differ) if not d]
     group = [leader, *tied]
-    recommended = min(group, key=lambda n: (memory[n], -statistics.median(judged[n])))
+    least = min(memory[n] for n in group)
+    lightest = [n for n in group if memory[n] <= least * (1 + memory_tolerance)]
+    recommended = max(lightest, key=lambda n: statistics.median(judged[n]))
     return {
         "leader": leader,
         "recommended": recommended,
@@ -122,9 +127,10 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
     verdict = decide({n: p["scores"] for n, p in per_trial.items()},
                      {n: p["memory_mib"] if p["memory_mib"] is not None else float("inf")
                       for n, p in per_trial.items()},
-                     alpha=spec.alpha, test=spec.test)
+                     alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance)
     record = {
         "time": time.time(), "alpha": spec.alpha, "test": spec.test, "rounds": spec.rounds,
+        "memory_tolerance": spec.memory_tolerance,
         "objective": weights, "after_trials": sum(1 for t in study.get_trials(deepcopy=False) if store.is_finished(t)),
         "finalists": [per_trial[t.number] for t in chosen], "runs": runs, **verdict,
     }
@@ -141,9 +147,10 @@ def summary(record: dict[str, Any]) -> str:
     rec = by_trial[record["recommended"]]
     if record["tie"]:
         group = [record["leader"], *record["tied_with"]]
+        within = f" (within {tolerance:.0%})" if (tolerance := record.get("memory_tolerance")) else ""
         return (f"confirmed: tie between trials {', '.join(map(str, group))} (no difference at alpha="
-                f"{record['alpha']}); recommended trial {rec['trial']}, the one using the least memory "
-                f"({rec['memory_kind']} {rec['memory_mib']:.0f} MiB), median {rec['median']:.2f}")
+                f"{record['alpha']}); recommended trial {rec['trial']}, the fastest of those using the least "
+                f"memory{within} ({rec['memory_kind']} {rec['memory_mib']:.0f} MiB), median {rec['median']:.2f}")
     return (f"confirmed: trial {rec['trial']} is fastest (median {rec['median']:.2f}, 95% CI "
             f"{rec['ci'][0]:.2f}–{rec['ci'][1]:.2f}), different from every other finalist at alpha={record['alpha']}")
 

@@ -2,12 +2,14 @@
 
 Thermal throttling or another program on the machine makes every trial measured meanwhile look worse than it
 is, and a search then crowns whatever ran before. The anchor is the first successful trial's configuration
-(with `drift.baseline` overriding parameters), measured `drift.reference_runs` times after that trial, then every
-`drift.every` trials and at the end. The reference runs span the machine's own run-to-run spread (a process that
-lands on a slower core or clock can measure 40% off on a small VM); an anchor drifts when its score falls more
-than `drift.threshold` outside that span, and then the trials since the last good anchor are flagged (left out of the best and the confirmation) and queued again, and the campaign backs off and
-re-measures the anchor until it recovers or `drift.max_backoffs` is spent. Everything is kept in the study user
-attribute `drift`; the flagged trial numbers in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
+(with `drift.baseline` overriding parameters). Its reference is `drift.reference_runs` runs after that trial (the
+trial's own run is the first of them when no baseline changes the configuration); then it runs every `drift.every`
+trials and at the end. The reference runs span the machine's own run-to-run spread (a process that lands on a
+slower core or clock can measure 40% off on a small VM); an anchor drifts when its score falls more than
+`drift.threshold` outside that span. The trials since the last good anchor are then flagged (left out of the best
+and the confirmation) and queued again, and the campaign backs off and re-measures the anchor until it recovers or
+`drift.max_backoffs` is spent. Everything is kept in the study user attribute `drift`; the flagged trial numbers
+in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
 
 `inject_load` plants that kind of slowdown on purpose (busy-loop processes for a few trials), so the guard can be
 checked on one's own machine.
@@ -27,7 +29,7 @@ from optuna.trial import TrialState
 
 from autoinfer.campaign import store
 from autoinfer.campaign.spec import Campaign, InjectLoad
-from autoinfer.engines.base import Measurement, TrialConfig
+from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.paths import results_dir
 
 DRIFT_ATTR = "drift"
@@ -131,32 +133,52 @@ class DriftAnchor:
         return TrialConfig.from_params(self.state["config"])
 
     def measure(self, after_trial: int, label: str) -> dict[str, Any]:
-        """One anchor run, judged against the first anchor and recorded."""
+        """One anchor run, judged against the reference runs and recorded."""
         config = self._config()
         assert config is not None  # callers measure only once a configuration is known
-        index = len(self.state["anchors"])
-        m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(index))
+        m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(len(self.state["anchors"])))
+        return self._record(after_trial, label, m)
+
+    def _record(self, after_trial: int, label: str, m: Measurement, trial: int | None = None) -> dict[str, Any]:
         value = _score(m, self.weights)
         ref = self._reference() if label != "start" else []
         ratio = value / statistics.median(ref) if value is not None and ref else None
         t = self.spec.threshold
         drifted = value is None or bool(ref) and not min(ref) * (1 - t) <= value <= max(ref) * (1 + t)
         entry = {
-            "index": index, "label": label, "after_trial": after_trial, "time": time.time(),
+            "index": len(self.state["anchors"]), "label": label, "after_trial": after_trial, "time": time.time(),
             "outcome": m.outcome.value, "reason": m.reason[:500], "score": value, "ratio": ratio,
             "drifted": drifted, "tg_samples": list(m.tg_samples), "pp_samples": list(m.pp_samples),
-            "idle_busy": bool((m.env.get("idle") or {}).get("busy")),
+            "idle_busy": bool((m.env.get("idle") or {}).get("busy")), "trial": trial,
         }
         self.state["anchors"].append(entry)
         self._save()
         shown = f"{value:.2f}" if value is not None else m.outcome.value
-        self.note(f"drift anchor ({label}, after trial {after_trial}): {shown}"
+        source = f"trial {trial}'s own run" if trial is not None else f"after trial {after_trial}"
+        self.note(f"drift anchor ({label}, {source}): {shown}"
                   + (f", {ratio:.2f}× its reference" if ratio is not None else ""))
         return entry
 
+    def _first_trial_run(self) -> Measurement | None:
+        """The first successful trial's own measurement, when the anchor is exactly its configuration: one more
+        process in the reference, so a machine whose processes land in a fast or a slow mode is less likely to have
+        every reference run in one mode."""
+        number = self.state.get("from_trial")
+        if number is None:
+            return None
+        trial = self.study.get_trials(deepcopy=False)[number]
+        if trial.user_attrs["config"] != self.state["config"]:
+            return None
+        return Measurement(Outcome.OK, tg_samples=tuple(store.samples_of(trial, "tg")),
+                           pp_samples=tuple(store.samples_of(trial, "pp")), env=trial.user_attrs.get("env") or {})
+
     def measure_reference(self, after_trial: int) -> None:
-        """The start runs; their spread is the machine's run-to-run noise, which no later anchor is blamed for."""
-        for _ in range(self.spec.reference_runs):
+        """The start runs; their spread is the machine's run-to-run noise, which no later anchor is blamed for. The
+        first trial's own run counts as one of them when the anchor is that configuration."""
+        first = self._first_trial_run()
+        if first is not None:
+            self._record(after_trial, "start", first, trial=self.state["from_trial"])
+        for _ in range(self.spec.reference_runs - (first is not None)):
             self.measure(after_trial, "start")
         ref = self._reference()
         if len(ref) > 1 and max(ref) / min(ref) - 1 > self.spec.threshold:
@@ -234,7 +256,7 @@ def status_line(study: optuna.Study) -> str | None:
     ratios = [a["ratio"] for a in anchors if a["ratio"] is not None]
     drifts = sum(1 for a in anchors if a["drifted"])
     flagged = sorted(flagged_trials(study))
-    text = f"{len(anchors)} anchor runs, {drifts} drifted"
+    text = f"{sum(1 for a in anchors if a.get('trial') is None)} anchor runs, {drifts} drifted"
     if ratios:
         text += f", ratio to the reference {min(ratios):.2f}–{max(ratios):.2f}"
     if flagged:

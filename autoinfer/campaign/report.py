@@ -24,6 +24,18 @@ def spread(samples: list[float]) -> str:
     return f"{med:.2f} (min {min(samples):.2f}, max {max(samples):.2f}, n={len(samples)})"
 
 
+def measured(t: optuna.trial.FrozenTrial, confirmation: dict | None, kind: str) -> str:
+    """The confirmation's runs first when it measured this trial (one median per fresh process, the number to
+    expect), then the search's own run: a single process can land in a fast or slow mode of the machine."""
+    search = spread(store.samples_of(t, kind))
+    runs = [statistics.median(r[f"{kind}_samples"]) for r in (confirmation or {}).get("runs", [])
+            if r["trial"] == t.number and r[f"{kind}_samples"]]
+    if not runs:
+        return search
+    return (f"{statistics.median(runs):.2f} over {len(runs)} confirmation runs (min {min(runs):.2f}, "
+            f"max {max(runs):.2f}); search run {search}")
+
+
 def print_status(console: Console, study: optuna.Study) -> None:
     campaign = store.stored_campaign(study)
     trials = study.get_trials(deepcopy=False)
@@ -59,8 +71,8 @@ def print_status(console: Console, study: optuna.Study) -> None:
     else:
         t = best.trial
         table.add_row("best", f"trial {t.number}: {_params(t.params)}")
-        table.add_row("  tg tok/s", spread(store.samples_of(t, "tg")))
-        table.add_row("  pp tok/s", spread(store.samples_of(t, "pp")))
+        table.add_row("  tg tok/s", measured(t, confirmed, "tg"))
+        table.add_row("  pp tok/s", measured(t, confirmed, "pp"))
         table.add_row("  peak memory", _memory(t))
     console.print(table)
 
@@ -85,8 +97,8 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     console.print(f"\n[bold]best of study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
     console.print(f"  {summary(best.confirmation) if best.confirmation else 'not confirmed by a re-measurement'}",
                   markup=False, highlight=False)
-    console.print(f"  generation tok/s: {spread(store.samples_of(t, 'tg'))}")
-    console.print(f"  prompt tok/s:     {spread(store.samples_of(t, 'pp'))}")
+    console.print(f"  generation tok/s: {measured(t, best.confirmation, 'tg')}")
+    console.print(f"  prompt tok/s:     {measured(t, best.confirmation, 'pp')}")
     console.print(f"  peak memory:      {_memory(t)}")
     if campaign.engine in LLAMA_ENGINES:
         console.print("\nrun it with:")

@@ -115,6 +115,8 @@ class Confirm(_Strict):
     rounds: int = Field(5, ge=2)  # fresh runs per configuration; Mann-Whitney needs 4+ to ever see a difference
     alpha: float = Field(0.05, gt=0, lt=1)
     test: Literal["mannwhitney", "welch"] = "mannwhitney"
+    # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
+    memory_tolerance: float = Field(0.02, ge=0, lt=1)
 
 
 class Drift(_Strict):

@@ -50,6 +50,27 @@ def test_drift_is_judged_outside_the_reference_runs_spread(tmp_path, monkeypatch
     assert [a["label"] for a in study.user_attrs[DRIFT_ATTR]["anchors"][:3]] == ["start"] * 3
 
 
+@pytest.mark.parametrize("baseline,extra_runs", [({}, 2), ({"threads": 1}, 3)])
+def test_the_first_trials_own_run_is_a_reference_run_when_the_anchor_is_its_configuration(
+        tmp_path, monkeypatch, baseline, extra_runs):
+    """Trial 0 measured 200 tok/s in a fast mode; the anchor's own runs land at 100 and 110. With trial 0 in the
+    reference a later 190 is inside the band; with a baseline that changes the configuration it is drift."""
+    import optuna
+
+    monkeypatch.setenv("AUTOINFER_RESULTS", str(tmp_path))
+    study = optuna.create_study(study_name="first", directions=["maximize"])
+    study.add_trial(optuna.trial.create_trial(value=200.0, user_attrs={
+        "outcome": "ok", "config": {"model": "m.gguf", "threads": 2}, "tg_samples": [200.0] * 3, "pp_samples": []}))
+    scores = iter([100.0, 110.0, 100.0, 190.0])
+    anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2, "baseline": baseline}),
+                         lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3), print)
+    anchor.after_trial(0)
+    start = study.user_attrs[DRIFT_ATTR]["anchors"]
+    assert len(start) == 3 and [a["trial"] for a in start] == ([0, None, None] if not baseline else [None] * 3)
+    later = [anchor.measure(after_trial=1, label="periodic") for _ in range(4 - extra_runs)]
+    assert later[-1]["score"] == 190.0 and later[-1]["drifted"] == bool(baseline)
+
+
 @pytest.mark.parametrize("keys,where", [
     ({"drift": {"every": 0}}, r"drift\.every"),
     ({"drift": {"threshold": 1.5}}, r"drift\.threshold"),
