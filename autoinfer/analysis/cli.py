@@ -22,9 +22,12 @@ def analyze(
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: results/<study>/report/)."),
     cpu_bw: Optional[float] = typer.Option(None, "--cpu-bw", min=0, help="Measured host memory bandwidth, GB/s."),
     gpu_bw: Optional[float] = typer.Option(None, "--gpu-bw", min=0, help="Measured device memory bandwidth, GB/s."),
+    compare: List[str] = typer.Option([], "--compare", help="Another study of the same campaign on other hardware "
+                                                            "(repeatable): adds a hardware-class comparison."),
 ) -> None:
     """Tables, fits, figures and a readable report (report.md / report.html) for a study."""
     import optuna
+    import pandas as pd
 
     from autoinfer.analysis.report import analyze as run_analysis
     from autoinfer.analysis.report import winner_sentence
@@ -34,12 +37,17 @@ def analyze(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_study(study, storage)
     folder = out or results_dir() / loaded.study_name / "report"
-    result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw)
+    others = [load_study(name, storage) for name in compare]
+    result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw, compare_with=others)
     console = Console()
     if not result.configs.empty:
         best = result.configs.iloc[0]
         console.print(f"best: {best['median']:.2f} tok/s median over {best['n']} sample(s)")
     console.print(winner_sentence(result.fitset))
+    if result.classes is not None:
+        for _, row in result.classes.classes.iterrows():
+            shown = f"{row['median']:.2f} tok/s" if pd.notna(row.get("median")) else "no successful trial"
+            console.print(f"class {row['hardware_class']} ({row['description']}): best {shown}", markup=False)
     console.print(f"report: {folder / 'report.html'}")
 
 

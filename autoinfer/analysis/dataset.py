@@ -268,10 +268,14 @@ def ran_on_gpu(row: pd.Series) -> bool:
 
 
 def gguf_info_of(model: str) -> Any | None:
-    """ModelInfo for a GGUF path that exists here; None for a model name without a file (imported rows)."""
+    """ModelInfo for a GGUF path that exists here; None for a model name without a file (imported rows) or a file
+    that is no GGUF at all (a replay campaign's label)."""
     path = Path(model)
     if not path.is_file():
         return None
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            return None
     from autoinfer.model.gguf_info import read_info
 
     return read_info(path)

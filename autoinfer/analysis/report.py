@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import optuna
@@ -18,6 +18,7 @@ import pandas as pd
 
 from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
+from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
 from autoinfer.campaign import store
 from autoinfer.measure.stats import compare
@@ -47,6 +48,7 @@ class Analysis:
     importance_note: str
     figures: dict[str, Path]
     out: Path
+    classes: ClassComparison | None = None  # with --compare, or when the study's trials span several classes
 
 
 def placement_label(row: pd.Series) -> str:
@@ -208,8 +210,9 @@ def _csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_bw: float | None = None,
-            seed: int = 0) -> Analysis:
-    """Write trials.csv/.parquet, fits.json, figures (PNG+SVG), report.md and report.html under `out`."""
+            seed: int = 0, compare_with: Sequence[optuna.Study] = ()) -> Analysis:
+    """Write trials.csv/.parquet, fits.json, figures (PNG+SVG), report.md and report.html under `out`; with
+    `compare_with` (the same campaign's studies on other hardware) also classes.csv and the classes section."""
     out.mkdir(parents=True, exist_ok=True)
     frame = load_frame(study)
     frame.to_parquet(out / "trials.parquet", index=False)
@@ -235,7 +238,13 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
         figures["thread_scaling"] = plots.thread_scaling(fitset.threads, out)
     if imp:
         figures["importance"] = plots.importance_bars(imp, out)
-    analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out)
+    classes = None
+    if compare_with or frame.loc[frame["hardware_class"] != "", "hardware_class"].nunique() > 1:
+        both, descriptions = classes_frame([study, *compare_with])
+        classes = compare_classes(both, descriptions, study_class(study), seed=seed)
+        classes.classes.to_csv(out / "classes.csv", index=False)
+        classes.shared.to_csv(out / "classes-shared.csv", index=False)
+    analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out, classes)
     md = render_markdown(analysis, study, datasheet, ceilings)
     (out / "report.md").write_text(md)
     (out / "report.html").write_text(render_html(md, f"autoinfer report: {study.study_name}"))
@@ -314,6 +323,29 @@ def _recommendation(analysis: Analysis, study: optuna.Study) -> list[str]:
     return out
 
 
+def _classes_section(classes: ClassComparison | None) -> list[str]:
+    if classes is None:
+        return []
+    md = ["## Hardware classes", "",
+          "Each class ranked on its own (a study never mixes classes); the reference is this study's class.", "",
+          _table(["class", "hardware", "studies", "configurations", "best configuration", "median tok/s", "95% CI",
+                  "peak VRAM MiB"],
+                 [[("**" + r["hardware_class"] + "** (reference)") if r["reference"] else r["hardware_class"],
+                   r["description"], r["studies"], r["configurations"], _config_text(r), r.get("median"),
+                   f"{_fmt(r.get('ci_low'))}–{_fmt(r.get('ci_high'))}", r.get("vram_peak_mib")]
+                  for _, r in classes.classes.iterrows()]), ""]
+    if classes.shared.empty:
+        return md + ["No configuration was measured on both the reference class and another one, so no speed ratio "
+                     "between the machines can be given: absolute numbers of different machines are not comparable "
+                     "across different configurations.", ""]
+    return md + ["The same configuration on another class, against the reference (ratio of medians, bootstrap CI):", "",
+                 _table(["class", "configuration", "reference median", "median", "ratio", "95% CI",
+                         "p (Mann-Whitney)"],
+                        [[r["hardware_class"], _config_text(r), r["reference_median"], r["median"], r["ratio"],
+                          f"{_fmt(r['ratio_ci_low'], 3)}–{_fmt(r['ratio_ci_high'], 3)}", r["p_mannwhitney"]]
+                         for _, r in classes.shared.iterrows()]), ""]
+
+
 def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str, Any] | None,
                     ceilings: dict[str, float | None]) -> str:
     frame, fitset = analysis.frame, analysis.fitset
@@ -372,6 +404,8 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
                       [[r["other_median"], r["ratio"], f"{_fmt(r['ratio_ci_low'], 3)}–{_fmt(r['ratio_ci_high'], 3)}",
                         r["p_mannwhitney"], "yes" if r["distinguishable"] else "no"]
                        for _, r in analysis.pairs.iterrows()]), ""]
+
+    md += _classes_section(analysis.classes)
 
     md += ["## Memory", "", _figure(analysis, "pareto_vram", "Pareto front tok/s vs VRAM")
            or "No trial recorded its device memory.", ""]

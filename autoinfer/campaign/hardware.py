@@ -33,9 +33,12 @@ def hardware_class() -> Fingerprint:
     """This worker's class (the GPUs it sees, not every GPU of the host), or the declared one when
     AUTOINFER_HARDWARE_CLASS is set."""
     declared = os.environ.get(OVERRIDE_ENV)
-    if declared:
-        return Fingerprint((("declared", declared),), hashlib.sha256(declared.encode()).hexdigest()[:12])
-    return fingerprint(gpus=visible_gpus())
+    return declared_class(declared) if declared else fingerprint(gpus=visible_gpus())
+
+
+def declared_class(label: str) -> Fingerprint:
+    """The class AUTOINFER_HARDWARE_CLASS=label declares."""
+    return Fingerprint((("declared", label),), hashlib.sha256(label.encode()).hexdigest()[:12])
 
 
 def describe(fields: dict[str, Any]) -> str:
