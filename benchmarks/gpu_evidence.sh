@@ -5,7 +5,9 @@
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (reference engine vs llama-bench on the small and 35B models),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
-#       sweep2gpu (a short informed campaign on two GPUs within 8 GiB each).
+#       sweep2gpu (a short informed campaign on two GPUs within 8 GiB each),
+#       workers2gpu (`autoinfer worker --gpus 0,1` on a throwaway PostgreSQL: one worker per GPU, one measurement
+#       at a time; PG_BIN names the PostgreSQL bin folder, e.g. Debian's /usr/lib/postgresql/15/bin).
 # LLAMA_BIN is a CUDA llama.cpp bin folder (`autoinfer build --cuda` makes one); OUT receives tables and logs.
 set -euo pipefail
 : "${LLAMA_BIN:?set LLAMA_BIN to a CUDA llama.cpp bin folder}" "${OUT:?set OUT to an output folder}"
@@ -63,6 +65,33 @@ for step in "$@"; do
       ai status --study 2gpu-8gb
       ai export --study 2gpu-8gb --format server
       cp "$AUTOINFER_RESULTS/autoinfer.db" "$OUT/2gpu-8gb.db"
+      ;;
+    workers2gpu)
+      : "${PG_BIN:?set PG_BIN to a PostgreSQL bin folder (initdb, pg_ctl)}"
+      PGROOT=$(mktemp -d /tmp/autoinfer-pg-XXXX); PGPORT=55432
+      as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u autoinfer-pg -- "$@"; else "$@"; fi; }
+      [ "$(id -u)" != 0 ] || id autoinfer-pg >/dev/null 2>&1 || useradd --system autoinfer-pg
+      [ "$(id -u)" != 0 ] || chown autoinfer-pg "$PGROOT"
+      as_pg "$PG_BIN/initdb" -D "$PGROOT/data" -A trust -U autoinfer --no-sync -E UTF8 >/dev/null
+      printf "port = $PGPORT\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '$PGROOT'\nfsync = off\n" \
+        >> "$PGROOT/data/postgresql.conf"
+      as_pg "$PG_BIN/pg_ctl" -D "$PGROOT/data" -l "$PGROOT/server.log" -w start >/dev/null
+      URL="postgresql://autoinfer@127.0.0.1:$PGPORT/postgres"
+      cat > "$MODELS/workers-2gpu.yaml" <<YAML
+name: workers-2gpu
+engine: llama-bench
+model: $SMALL
+space: {n_gpu_layers: 99, threads: [8, 16], ubatch: [256, 512], flash_attn: ["on", "off"]}
+budget: {trials: 12}
+measure: {n_prompt: 512, n_gen: 64, repetitions: 3, timeout_s: 120}
+idle: {policy: "off"}
+sampler: {name: random, seed: 0}
+confirm: {top_k: 2, rounds: 4}
+YAML
+      export AUTOINFER_RESULTS="$MODELS/results" AUTOINFER_HOST_LOCK="$MODELS/host.lock"
+      ai worker "$MODELS/workers-2gpu.yaml" --study workers-2gpu --storage "$URL" --gpus 0,1 | tee "$OUT/workers-2gpu.log"
+      python3 benchmarks/worker_trials.py --study workers-2gpu --storage "$URL" | tee "$OUT/workers-2gpu.md"
+      as_pg "$PG_BIN/pg_ctl" -D "$PGROOT/data" -m fast -w stop >/dev/null
       ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

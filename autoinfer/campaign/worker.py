@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 import zlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -104,7 +105,8 @@ def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
 
     engine = _engine(url)
     try:
-        with _advisory_lock(engine, _SCHEMA_LOCK):
+        with _advisory_lock(engine, _SCHEMA_LOCK), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are the point here
             return optuna.storages.RDBStorage(driver_url(url), engine_kwargs={"pool_pre_ping": True},
                                               heartbeat_interval=workers.heartbeat_s, grace_period=workers.grace)
     except sqlalchemy.exc.SQLAlchemyError as exc:
@@ -191,7 +193,9 @@ class SharedBudget:
                 used = sum(1 for t in trials if counted(t))
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
                 if used < self.trials:
-                    trial = self.study.ask(dists)
+                    with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
+                        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
+                        trial = self.study.ask(dists)
                     if is_heartbeat_enabled(self.study._storage):  # beating before another worker can look
                         self.study._storage.record_heartbeat(trial._trial_id)
                     self._beat = get_heartbeat_thread(trial._trial_id, self.study._storage)

@@ -36,8 +36,21 @@ def worker(
         code = shared.start_per_gpu(items, args)
         if code:
             raise typer.Exit(code)
+        if not quiet:
+            _recommend(study, storage)
         return
     _join(campaign_file, study, storage, quiet)
+
+
+def _recommend(study: str, storage: str) -> None:
+    """What the campaign found, once every worker has stopped (the children ran quietly, side by side)."""
+    from rich.console import Console
+
+    from autoinfer.campaign.report import print_recommendation
+    from autoinfer.campaign.store import load_study, stored_campaign
+
+    loaded = load_study(study, storage)
+    print_recommendation(Console(), loaded, stored_campaign(loaded))
 
 
 def _join(campaign_file: Path | None, study: str, storage: str, quiet: bool) -> None:

@@ -180,6 +180,8 @@ def test_gpus_option_starts_one_worker_per_gpu(tmp_path, pg_url):
     pids = {h["pid"]: h["cuda_visible_devices"] for h in hosts}  # each child sees one GPU, always the same
     assert len(set(pids.values())) == len(pids)
     assert sum(int(n) for n in re.findall(r"worker done: (\d+) trial", parent.stdout)) == 12
+    assert "best of study 'pergpu'" in parent.stdout  # once all workers stopped, what the campaign found
+    assert "Warning" not in parent.stderr, parent.stderr  # optuna's notes on heartbeats are not the user's business
 
 
 def test_wall_time_is_the_campaigns_not_each_workers():
