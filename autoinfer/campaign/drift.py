@@ -6,7 +6,8 @@ is, and a search then crowns whatever ran before. The anchor is the first succes
 trial's own run is the first of them when no baseline changes the configuration); then it runs every `drift.every`
 trials and at the end. The reference runs span the machine's own run-to-run spread (a process that lands on a
 slower core or clock can measure 40% off on a small VM); an anchor drifts when its score falls more than
-`drift.threshold` outside that span. The trials since the last good anchor are then flagged (left out of the best
+`drift.threshold` outside that span, and a second run right after it does too (one run outside is one process's
+outlier, which such a machine gives now and then). The trials since the last good anchor are then flagged (left out of the best
 and the confirmation) and queued again, and the campaign backs off and re-measures the anchor until it recovers or
 `drift.max_backoffs` is spent. Everything is kept in the study user attribute `drift`; the flagged trial numbers
 in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
@@ -220,8 +221,13 @@ class DriftAnchor:
         self.check(number, "periodic", backoff=True)
 
     def check(self, number: int, label: str, *, backoff: bool) -> None:
+        """An anchor run; outside the band, a second one at once decides whether the machine changed (both outside)
+        or one process landed in another mode of it (the second back inside), which is noise, not drift."""
         entry = self.measure(number, label)
         if not entry["drifted"]:
+            return
+        if not self.measure(number, "recheck")["drifted"]:
+            self.note("drift: a second anchor run is back inside the band; the first was one process's outlier")
             return
         self._flag_since_last_good(number)
         for attempt in range(self.spec.max_backoffs if backoff else 0):

@@ -50,6 +50,31 @@ def test_drift_is_judged_outside_the_reference_runs_spread(tmp_path, monkeypatch
     assert [a["label"] for a in study.user_attrs[DRIFT_ATTR]["anchors"][:3]] == ["start"] * 3
 
 
+def test_one_anchor_outside_the_band_is_an_outlier_when_a_second_run_is_back_inside(tmp_path, monkeypatch):
+    """Reference 100, 105, 110; threshold 0.2 gives the band 80–132. Seen on a 2-core VM: one process fast (140),
+    the next one back at 104, so nothing is flagged; later 50 and 55 in a row are drift, and trial 3 is re-queued."""
+    import optuna
+
+    monkeypatch.setenv("AUTOINFER_RESULTS", str(tmp_path))
+    study = optuna.create_study(study_name="recheck")
+    for _ in range(4):
+        study.add_trial(optuna.trial.create_trial(value=1.0, params={"x": 1},
+                                                  distributions={"x": optuna.distributions.IntDistribution(0, 2)},
+                                                  user_attrs={"outcome": "ok", "config": {"model": "m.gguf"}}))
+    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf", "threads": 1}, "anchors": []})
+    scores = iter([100.0, 105.0, 110.0, 140.0, 104.0, 50.0, 55.0])
+    notes: list[str] = []
+    anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2}),
+                         lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3), notes.append)
+    anchor.measure_reference(after_trial=0)
+    anchor.check(2, "periodic", backoff=False)
+    assert flagged_trials(study) == set() and "one process's outlier" in notes[-1]
+    anchor.check(3, "end", backoff=False)
+    assert flagged_trials(study) == {3}
+    labels = [(a["label"], a["drifted"]) for a in study.user_attrs[DRIFT_ATTR]["anchors"]]
+    assert labels[3:] == [("periodic", True), ("recheck", False), ("end", True), ("recheck", True)]
+
+
 @pytest.mark.parametrize("baseline,extra_runs", [({}, 2), ({"threads": 1}, 3)])
 def test_the_first_trials_own_run_is_a_reference_run_when_the_anchor_is_its_configuration(
         tmp_path, monkeypatch, baseline, extra_runs):
