@@ -102,15 +102,18 @@ def reclaim_stale(study: optuna.Study, stale: list[optuna.trial.FrozenTrial] | N
     storage = study._storage
     requeued = 0
     for t in stale:
+        chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
+        reason = "re-queued" if chosen else "before its configuration was chosen; nothing to re-run"
         try:
             storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
             storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
-            storage.set_trial_user_attr(t._trial_id, "reason", "the sweep process died while this trial ran; re-queued")
+            storage.set_trial_user_attr(t._trial_id, "reason", f"the sweep process died while this trial ran; {reason}")
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it after all
             continue
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
-        requeued += 1
+        if chosen:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            requeued += 1
     return requeued
 
 

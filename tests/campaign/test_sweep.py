@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -59,13 +60,16 @@ def study_of(tmp_path: Path, name: str = "e2e") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}")
 
 
-def trial_states(db: Path) -> list[str]:
-    """Trial states read through a read-only connection, so watching never writes to (or creates) the store."""
+def trial_states(db: Path) -> list[tuple[str, int]]:
+    """(state, number of chosen params) per trial, read through a read-only connection, so watching never writes
+    to (or creates) the store."""
     if not db.exists():
         return []
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return [row[0] for row in conn.execute("SELECT state FROM trials ORDER BY number")]
+            return list(conn.execute(
+                "SELECT state, (SELECT COUNT(*) FROM trial_params p WHERE p.trial_id = t.trial_id) "
+                "FROM trials t ORDER BY number"))
     except sqlite3.OperationalError:  # tables not created yet, or the database is locked for a moment
         return []
 
@@ -118,21 +122,22 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, 
 
 
 def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_one(tmp_path, tiny_model, env):
-    path = campaign(tmp_path, [tiny_model], trials=4, n_gen=256)
+    path = campaign(tmp_path, [tiny_model], trials=4, n_gen=2048)  # seconds per trial: time to catch one running
     proc = subprocess.Popen([*CLI, "sweep", str(path), "--quiet"], cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = tmp_path / "results" / "autoinfer.db"
     deadline = time.monotonic() + 300
     try:
-        while time.monotonic() < deadline:  # wait for one finished trial and a second one running
+        while time.monotonic() < deadline and proc.poll() is None:  # one trial finished, the next running its params
             time.sleep(0.2)
             states = trial_states(db)
-            if "COMPLETE" in states and states[-1] == "RUNNING":
+            if any(state == "COMPLETE" for state, _ in states) and states[-1][0] == "RUNNING" and states[-1][1]:
                 break
         else:
             pytest.fail("the sweep never had a finished and a running trial")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a sweep that already ended has no group left to kill
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     before = {t.number: (t.params, t.value) for t in study_of(tmp_path).trials
               if t.state == optuna.trial.TrialState.COMPLETE}
@@ -151,6 +156,22 @@ def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_o
     assert retry and retry[0].state == optuna.trial.TrialState.COMPLETE and retry[0].params == interrupted.params
     finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")]
     assert len(finished) == 4  # the budget counts what was done before the crash
+
+
+def test_a_trial_killed_before_its_configuration_was_chosen_is_failed_and_not_requeued(tmp_path):
+    from autoinfer.campaign.runner import reclaim_stale
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'db.sqlite'}", study_name="s")
+    study.ask()  # RUNNING with no params: the process died between ask() and its first suggest
+    chosen = study.ask()
+    chosen.suggest_categorical("batch", [64, 128])
+    assert reclaim_stale(study) == 1
+    trials = study.get_trials()
+    assert [t.state.name for t in trials[:2]] == ["FAIL", "FAIL"] and all(t.user_attrs["stale"] for t in trials[:2])
+    assert "nothing to re-run" in trials[0].user_attrs["reason"]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [(t.params, t.user_attrs["retry_of"]) for t in waiting] == [({}, 1)]  # enqueued: fixed in system attrs
+    assert waiting[0].system_attrs["fixed_params"] == chosen.params
 
 
 @pytest.mark.parametrize(
