@@ -243,9 +243,7 @@ class SearchAid:
         leave its fullest GPU emptiest."""
         model = self.memory[path]
         shape = self.shapes[path]
-        base = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
-        if "model" in searched:
-            base["model"] = model_name
+        base = self._typical_params(searched, model_name)
         ngl_values = sorted({min(v, shape.n_layers + 1) for v in _allowed(self.campaign, "n_gpu_layers") or [99]},
                             reverse=True)
         combos = self._expert_combos(shape.n_layers)
@@ -281,6 +279,18 @@ class SearchAid:
             return [primary[2], *(s[2] for s in near)]
         return []
 
+    def _typical_params(self, searched: dict[str, Any], model_name: str) -> dict[str, Any]:
+        """The searched non-placement parameters of an informed or baseline trial."""
+        params = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
+        if "model" in searched:
+            params["model"] = model_name
+        if self.side == "device" and "load_mode" in searched and "none" in _allowed(self.campaign, "load_mode"):
+            # llama.cpp puts the weights it keeps in host memory into pinned buffers only when the file is not
+            # mapped, and op offload copies pinned experts to the GPU several times faster
+            # (benchmarks/results/load-mode-h200.md: pp512 2034 vs 435 tok/s, tg 74.6 vs 67.7)
+            params["load_mode"] = "none"
+        return params
+
     def _expert_combos(self, n_layers: int) -> list[tuple[int, dict[str, Any]]]:
         """(number of layers with experts in RAM, knob values) for every distinct expert placement in the space."""
         knobs = {name: _allowed(self.campaign, name) or [None] for name in ("n_cpu_moe", "placement", "cpu_expert_layers")}
@@ -303,9 +313,7 @@ class SearchAid:
         ngl, patterns, split = answer
         shape = self.shapes[path]
         layers = layers_on_cpu(patterns, shape.tensor_names)
-        params = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
-        if "model" in searched:
-            params["model"] = model_name
+        params = self._typical_params(searched, model_name)
         if "n_gpu_layers" in searched:
             params["n_gpu_layers"] = ngl if ngl in (_allowed(self.campaign, "n_gpu_layers") or []) else max(
                 _allowed(self.campaign, "n_gpu_layers"))

@@ -101,3 +101,24 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     config = aid.realize(to_config(campaign, suggest(trial, dists), models), trial)
     assert config.override_tensors == (rf"blk\.(2|3)\.{EXPERT_TENSORS}=CPU",)
     assert config.get("tensor_split") == "17/24"
+
+
+@pytest.mark.parametrize("constraint, mib, expected", [("vram_mib", BUDGET, "none"), ("ram_mib", 65536, "mmap")])
+def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, mib, expected):
+    """On a memory-of-the-GPU budget the informed start loads without mmap (pinned host weights for op offload);
+    on a host budget it keeps llama.cpp's default."""
+    import optuna
+
+    from autoinfer.campaign.informed import SearchAid
+    from autoinfer.campaign.space import distributions
+    from autoinfer.engines import base
+
+    spec = _campaign(planted)
+    spec["space"]["load_mode"] = ["mmap", "none"]
+    spec["constraints"] = {constraint: mib}
+    campaign = parse_campaign(spec)
+    aid = SearchAid.create(campaign, base.create("replay", table=str(planted)), {str(planted): str(planted)})
+    study = optuna.create_study()
+    assert aid.enqueue_start(study, distributions(campaign)) >= 2
+    queued = study.get_trials(deepcopy=False)
+    assert {t.system_attrs["fixed_params"]["load_mode"] for t in queued} == {expected}
