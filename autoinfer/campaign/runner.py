@@ -129,10 +129,10 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     if m.outcome.is_memory or m.outcome is Outcome.REJECTED:
         if not any(v > 0 for v in trial.constraints.values()):  # a gate that found the cause (kld) already said so
             trial.set_constraint("memory" if m.outcome.is_memory else "rejected", 1.0)
-        study.tell(trial, state=TrialState.PRUNED)
+        _tell(study, trial, state=TrialState.PRUNED)
         return
     if m.outcome is Outcome.PRUNED:
-        study.tell(trial, state=TrialState.PRUNED)
+        _tell(study, trial, state=TrialState.PRUNED)
         return
     value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples), "kld": store.kld_of(trial)},
                         weights) if m.ok else None
@@ -140,7 +140,7 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
         if m.ok:
             trial.set_user_attr("outcome", Outcome.BAD_OUTPUT.value)
             trial.set_user_attr("reason", f"no samples for the objective {sorted(weights)}")
-        study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, state=TrialState.FAIL)
         return
     for key, (limit, used) in limits.items():
         if limit is not None:
@@ -148,7 +148,18 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
             if used is not None and used > limit:
                 trial.set_user_attr("outcome", Outcome.INFEASIBLE.value)
                 trial.set_user_attr("reason", f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
-    study.tell(trial, pareto.values(m) if pareto.enabled(campaign) else value)
+    _tell(study, trial, pareto.values(m) if pareto.enabled(campaign) else value)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -> None:
+    """study.tell, raising UpdateFinishedTrialError like every other write when another worker has failed the trial
+    (Optuna's own check says ValueError)."""
+    try:
+        study.tell(trial, *args, **kwargs)
+    except ValueError:
+        if study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} was finished elsewhere") from None
+        raise
 
 
 def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | None:
@@ -222,11 +233,16 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                         break
                     continue
                 skips = 0
-                with host:
-                    m = guard.measure(trial, config, partial(run_trial, engine, config, campaign, name, trial.number,
-                                                             aid.pruner(study, config)))
-                trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
-                record(study, trial, campaign, m)
+                try:
+                    with host:
+                        m = guard.measure(trial, config, partial(run_trial, engine, config, campaign, name,
+                                                                 trial.number, aid.pruner(study, config)))
+                    trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
+                    record(study, trial, campaign, m)
+                except optuna.exceptions.UpdateFinishedTrialError:  # its configuration is queued for a re-run
+                    view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
+                              "within the grace period) and re-queued: this measurement is dropped")
+                    continue
                 aid.after_run(study)
                 ran += 1
                 view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
