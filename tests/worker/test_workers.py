@@ -84,7 +84,7 @@ def bench_campaign(tmp_path: Path, model: Path, trials: int) -> Path:
         "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [32, 64]},
         "budget": {"trials": trials}, "measure": {"n_prompt": 64, "n_gen": 16, "repetitions": 3, "max_cv": None},
         "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
-        "search": {"informed": False, "prune_below": None}, "workers": {"heartbeat_s": 1, "grace_s": 3},
+        "search": {"informed": False, "prune_below": None}, "workers": {"heartbeat_s": 1, "grace_s": 8},
     }))
     return campaign
 
