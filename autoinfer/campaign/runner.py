@@ -239,7 +239,9 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                                                                  trial.number, aid.pruner(study, config)))
                     trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
                     record(study, trial, campaign, m)
-                except optuna.exceptions.UpdateFinishedTrialError:  # its configuration is queued for a re-run
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    if not study._storage.get_trial(trial._trial_id).user_attrs.get(store.STALE_ATTR):
+                        raise  # finished by this process itself: a bug to show, not a stall to forgive
                     view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
                               "within the grace period) and re-queued: this measurement is dropped")
                     continue
