@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import optuna
 import pandas as pd
@@ -33,17 +33,20 @@ def study_class(study: optuna.Study) -> str:
     return (study.user_attrs.get(CLASS_ATTR) or {}).get("digest") or f"study {study.study_name}"
 
 
-def classes_frame(studies: Sequence[optuna.Study]) -> tuple[pd.DataFrame, dict[str, str]]:
+def classes_frame(studies: Sequence[optuna.Study], loaded: Mapping[str, pd.DataFrame] | None = None,
+                  ) -> tuple[pd.DataFrame, dict[str, str]]:
     """The trials of several studies in one table with `study` and `hardware_class` columns, and a readable
-    description of each class. Trials that carry no class of their own (imported rows) take their study's."""
+    description of each class. Trials that carry no class of their own (imported rows) take their study's.
+    `loaded`: frames already read (by study name), which are not read again nor changed."""
     frames, descriptions = [], {}
     for study in studies:
         bound = study.user_attrs.get(CLASS_ATTR) or {}
         digest = study_class(study)
         descriptions.setdefault(digest, describe(bound["fields"]) if "fields" in bound else "unknown hardware")
-        frame = load_frame(study, placement=False)
-        frame["study"] = study.study_name
-        frame["hardware_class"] = frame["hardware_class"].replace("", digest).fillna(digest)
+        frame = (loaded or {}).get(study.study_name)
+        frame = load_frame(study, placement=False) if frame is None else frame
+        frame = frame.assign(study=study.study_name,
+                             hardware_class=frame["hardware_class"].replace("", digest).fillna(digest))
         for other in set(frame["hardware_class"]) - set(descriptions):
             descriptions[other] = "unknown hardware"
         frames.append(frame)

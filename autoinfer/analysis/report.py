@@ -240,7 +240,7 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
         figures["importance"] = plots.importance_bars(imp, out)
     classes = None
     if compare_with or frame.loc[frame["hardware_class"] != "", "hardware_class"].nunique() > 1:
-        both, descriptions = classes_frame([study, *compare_with])
+        both, descriptions = classes_frame([study, *compare_with], loaded={study.study_name: frame})
         classes = compare_classes(both, descriptions, study_class(study), seed=seed)
         classes.classes.to_csv(out / "classes.csv", index=False)
         classes.shared.to_csv(out / "classes-shared.csv", index=False)
