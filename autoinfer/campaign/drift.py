@@ -7,10 +7,10 @@ trial's own run is the first of them when no baseline changes the configuration)
 trials and at the end. The reference runs span the machine's own run-to-run spread (a process that lands on a
 slower core or clock can measure 40% off on a small VM); an anchor drifts when its score falls more than
 `drift.threshold` outside that span, and a second run right after it does too (one run outside is one process's
-outlier, which such a machine gives now and then). The trials since the last good anchor are then flagged (left out of the best
-and the confirmation) and queued again, and the campaign backs off and re-measures the anchor until it recovers or
-`drift.max_backoffs` is spent. Everything is kept in the study user attribute `drift`; the flagged trial numbers
-in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
+outlier, which such a machine gives now and then). The trials since the last good anchor are then flagged (left
+out of the best and the confirmation) and queued again, and the campaign backs off and re-measures the anchor
+until it recovers or `drift.max_backoffs` is spent. Everything is kept in the study user attribute `drift`; the
+flagged trial numbers in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
 
 `inject_load` plants that kind of slowdown on purpose (busy-loop processes for a few trials), so the guard can be
 checked on one's own machine.
