@@ -40,6 +40,19 @@ def test_chunked_gdn_matches_recurrent(T):
     assert rel(state, ref_state) <= GDN_BOUND
 
 
+@pytest.mark.parametrize("T", [1, 5, 70])
+@pytest.mark.parametrize("dk, dv", [(16, 32), (24, 40)])  # 24/40: not powers of two, so the masks are exercised
+def test_fused_recurrent_gdn_kernel_matches_recurrent(T, dk, dv):
+    args = gdn_inputs(T, dk=dk, dv=dv, seed=T + dk)
+    before = args[-1].clone()
+    ref_out, ref_state = gdn.get(gdn.REFERENCE)(*args)
+    out, state = gdn.get("fused_recurrent")(*args)
+    assert out.shape == ref_out.shape and state.shape == ref_state.shape
+    assert rel(out, ref_out) <= GDN_BOUND
+    assert rel(state, ref_state) <= GDN_BOUND
+    assert torch.equal(args[-1], before)  # the input state is left as it was: the kernel writes a new one
+
+
 def test_chunked_gdn_resumes_from_its_own_state():
     q, k, v, g, beta, state = gdn_inputs(130, seed=7)
     whole, _ = gdn.get("chunk")(q, k, v, g, beta, state)

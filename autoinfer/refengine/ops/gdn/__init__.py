@@ -3,7 +3,8 @@
     fn(q, k, v, g, beta, state) -> (out, new_state)
 
 q, k: [T, H, dk] (L2-normalised, q already scaled by 1/√dk), v: [T, H, dv], g: [T, H] log decay ≤ 0,
-beta: [T, H], state: [H, dk, dv]; everything fp32. `naive` is the reference.
+beta: [T, H], state: [H, dk, dv]; everything fp32. `naive` is the reference; `fused_recurrent` is a Triton kernel
+(CUDA, or the CPU under TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import Callable
 import torch
 
 from autoinfer.refengine.ops.gdn.chunk import chunk_gated_delta_rule
+from autoinfer.refengine.ops.gdn.fused_recurrent import fused_recurrent_gated_delta_rule
 from autoinfer.refengine.ops.gdn.naive import recurrent_gated_delta_rule
 from autoinfer.refengine.ops.variants import pick
 
 GdnFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
-VARIANTS: dict[str, GdnFn] = {"naive": recurrent_gated_delta_rule, "chunk": chunk_gated_delta_rule}
+VARIANTS: dict[str, GdnFn] = {"naive": recurrent_gated_delta_rule, "chunk": chunk_gated_delta_rule,
+                               "fused_recurrent": fused_recurrent_gated_delta_rule}
 REFERENCE = "naive"
 
 
