@@ -1,7 +1,7 @@
 """The `reference` engine: autoinfer's own PyTorch implementation (autoinfer.refengine), measured like llama-bench.
 
 Each trial runs `python -m autoinfer.refengine.worker` in an isolated child and reads the one JSON line it prints.
-Knobs beyond the TrialConfig fields (campaign `space:` names): device, dtype, gdn, moe, prefill_chunk,
+Knobs beyond the TrialConfig fields (campaign `space:` names): device, dtype, weights (dense | gguf), gdn, moe, prefill_chunk,
 torch_threads, expert_slots (0 = all experts on the device), cache_policy, prefetch.
 """
 
@@ -16,7 +16,7 @@ from autoinfer.engines.llama_common import classify_failure
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
 
-KNOBS = {"device": "--device", "dtype": "--dtype", "gdn": "--gdn", "moe": "--moe",
+KNOBS = {"device": "--device", "dtype": "--dtype", "weights": "--weights", "gdn": "--gdn", "moe": "--moe",
          "prefill_chunk": "--prefill-chunk", "torch_threads": "--torch-threads", "expert_slots": "--expert-slots",
          "cache_policy": "--cache-policy"}
 _EXIT_OUTCOMES = {2: Outcome.REJECTED, 3: Outcome.LOAD_FAILED, 4: Outcome.OOM}

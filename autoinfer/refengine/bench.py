@@ -108,16 +108,17 @@ def bench_moe(cfg: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.d
 
 def decode_bytes(cfg: ModelConfig, engine: ReferenceEngine) -> int:
     """Weights one decoded token must read: everything but the embedding table and the unused experts."""
-    per_expert = 3 * cfg.hidden * cfg.expert_ffn * engine.model.w.lm_head.element_size()
     embed = engine.model.w.embed
-    return engine.other_bytes - embed.numel() * embed.element_size() + cfg.n_layers * cfg.n_experts_used * per_expert
+    return (engine.other_bytes - embed.numel() * embed.element_size()
+            + cfg.n_layers * cfg.n_experts_used * engine.experts.expert_bytes)
 
 
 def bench_engine(model: Path, options: EngineOptions, n_prompt: int, n_gen: int, reps: int, bw: float,
                  variants: list[tuple[str, str]]) -> list[Row]:
     """Prefill and decode of the whole model per (gdn, moe) variant; the first variant is the reference."""
     cached = options.device == "cuda" and options.expert_slots > 0
-    cfg, weights = load(model, options.dtype, decode_on=options.device, pin_experts=cached)
+    cfg, weights = load(model, options.dtype, decode_on=options.device, pin_experts=cached,
+                        keep_quant=options.weights == "gguf")
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, cfg.vocab, (n_prompt,), generator=gen).tolist()
     rows: list[Row] = []

@@ -17,17 +17,21 @@ from autoinfer.refengine.model import Qwen35Moe
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops.moe import ExpertBank
+from autoinfer.refengine.ops.quant.kernels import check_device
 from autoinfer.refengine.state import SequenceState
 
 DEVICES = ("cpu", "cuda")
+WEIGHTS = ("dense", "gguf")  # dense: decoded to `dtype` at load; gguf: Q8_0/Q4_K/Q6_K matrices stay in their blocks
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """The knobs a sweep searches. expert_slots = 0 keeps every expert on the device."""
+    """The knobs a sweep searches. expert_slots = 0 keeps every expert on the device. weights="gguf" keeps the
+    quantized matrices in their GGUF blocks (Triton kernels read them); dtype is then the activations' dtype."""
 
     device: str = "cpu"
     dtype: str = "fp32"
+    weights: str = "dense"
     gdn: str = "chunk"
     moe: str = "grouped"
     prefill_chunk: int = 64
@@ -45,6 +49,13 @@ class EngineOptions:
         torch_dtype(self.dtype)
         gdn_ops.get(self.gdn)
         moe_ops.get(self.moe)
+        if self.weights not in WEIGHTS:
+            raise UserError(f"weights {self.weights!r} is not one of {', '.join(WEIGHTS)}")
+        if self.weights == "gguf" or self.gdn in gdn_ops.TRITON or self.moe in moe_ops.READS_BLOCKS:
+            check_device(self.device)
+        if self.moe in moe_ops.READS_BLOCKS and self.weights != "gguf":
+            raise UserError(f"moe variant {self.moe!r} reads experts kept in GGUF blocks: set weights: gguf "
+                            "(or use moe: grouped with dense weights)")
         if self.prefill_chunk < 1:
             raise UserError(f"prefill_chunk must be ≥ 1 (got {self.prefill_chunk})")
         if self.expert_slots < 0:
@@ -109,7 +120,8 @@ class ReferenceEngine:
     def from_gguf(cls, path: Path, options: EngineOptions) -> "ReferenceEngine":
         options.check()
         cached = options.device == "cuda" and options.expert_slots > 0
-        cfg, weights = load(path, options.dtype, decode_on=options.device, pin_experts=cached)
+        cfg, weights = load(path, options.dtype, decode_on=options.device, pin_experts=cached,
+                            keep_quant=options.weights == "gguf")
         return cls(cfg, weights, options)
 
     def new_state(self) -> SequenceState:
@@ -168,7 +180,8 @@ class ReferenceEngine:
 
 
 def _is_routed_expert(name: str) -> bool:
-    return ".moe." in name and name.rsplit(".", 1)[-1] in ("gate", "up", "down")
+    """layers.3.moe.gate, or layers.3.moe.gate.raw for a weight kept in GGUF blocks."""
+    return ".moe." in name and name.split(".moe.", 1)[1].split(".")[0] in ("gate", "up", "down")
 
 
 def _tensors(weights: ModelWeights):

@@ -1,4 +1,5 @@
-"""GGUF → ModelConfig + torch weights. Quantized tensors are dequantized with gguf.quants into the dtype asked for.
+"""GGUF → ModelConfig + torch weights. Quantized tensors are dequantized into the dtype asked for, or (keep_quant)
+the matrices in Q8_0/Q4_K/Q6_K stay in their GGUF blocks as QuantWeight, read by the Triton kernels of ops/quant.
 
 Weights keep llama.cpp's conventions (the same ones convert_hf_to_gguf writes): norm weights are plain
 multipliers (HF's zero-centred 1 + w is already folded in), `ssm_a` is −exp(A_log), and the GDN value heads are in
@@ -8,7 +9,7 @@ torch's Linear (out, in) layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +18,9 @@ import torch
 
 from autoinfer.errors import UserError
 from autoinfer.refengine.config import ARCH, ModelConfig
+from autoinfer.refengine.ops.quant.qweight import BLOCKS, QuantWeight, from_gguf
 
+Matrix = torch.Tensor | QuantWeight  # a weight matrix: dense, or its GGUF blocks
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -29,37 +32,37 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    q: torch.Tensor  # (2·H·D, E): per head D query rows then D gate rows
-    k: torch.Tensor  # (Hkv·D, E)
-    v: torch.Tensor  # (Hkv·D, E)
-    o: torch.Tensor  # (E, H·D)
+    q: Matrix  # (2·H·D, E): per head D query rows then D gate rows
+    k: Matrix  # (Hkv·D, E)
+    v: Matrix  # (Hkv·D, E)
+    o: Matrix  # (E, H·D)
     q_norm: torch.Tensor  # (D,)
     k_norm: torch.Tensor  # (D,)
 
 
 @dataclass(frozen=True)
 class GdnWeights:
-    qkv: torch.Tensor  # (2K + Vd, E)
-    z: torch.Tensor  # (Vd, E): the output gate
-    beta: torch.Tensor  # (Hv, E)
-    alpha: torch.Tensor  # (Hv, E)
+    qkv: Matrix  # (2K + Vd, E)
+    z: Matrix  # (Vd, E): the output gate
+    beta: Matrix  # (Hv, E)
+    alpha: Matrix  # (Hv, E)
     conv: torch.Tensor  # (2K + Vd, kernel): depthwise causal conv
     dt_bias: torch.Tensor  # (Hv,)
     a: torch.Tensor  # (Hv,): −exp(A_log)
     norm: torch.Tensor  # (dv,): gated RMSNorm weight (plain multiplier)
-    out: torch.Tensor  # (E, Vd)
+    out: Matrix  # (E, Vd)
 
 
 @dataclass(frozen=True)
 class MoeWeights:
     router: torch.Tensor  # (n_experts, E), fp32
-    gate: torch.Tensor  # (n_experts, F, E)
-    up: torch.Tensor  # (n_experts, F, E)
-    down: torch.Tensor  # (n_experts, E, F)
+    gate: Matrix  # (n_experts, F, E)
+    up: Matrix  # (n_experts, F, E)
+    down: Matrix  # (n_experts, E, F)
     shared_gate_inp: torch.Tensor  # (E,): sigmoid gate of the shared expert
-    shared_gate: torch.Tensor  # (Fs, E)
-    shared_up: torch.Tensor  # (Fs, E)
-    shared_down: torch.Tensor  # (E, Fs)
+    shared_gate: Matrix  # (Fs, E)
+    shared_up: Matrix  # (Fs, E)
+    shared_down: Matrix  # (E, Fs)
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,21 @@ class LayerWeights:
 class ModelWeights:
     embed: torch.Tensor  # (V, E)
     out_norm: torch.Tensor  # (E,)
-    lm_head: torch.Tensor  # (V, E)
+    lm_head: Matrix  # (V, E)
     layers: tuple[LayerWeights, ...]
 
     def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> "ModelWeights":
         """A copy with fn(name, tensor) applied to every tensor (placement on a device, dtype changes)."""
 
-        def each(prefix: str, obj):
-            return type(obj)(**{k: fn(f"{prefix}{k}", v) if isinstance(v, torch.Tensor) else each(f"{prefix}{k}.", v)
-                                for k, v in obj.__dict__.items()})
+        def one(name: str, v):
+            if isinstance(v, torch.Tensor):
+                return fn(name, v)
+            if is_dataclass(v):  # a layer's weights, or a QuantWeight (its raw blocks are the tensor)
+                return type(v)(**{k: one(f"{name}.{k}", sub) for k, sub in v.__dict__.items()})
+            return v
 
-        layers = tuple(each(f"layers.{i}.", layer) for i, layer in enumerate(self.layers))
-        return ModelWeights(fn("embed", self.embed), fn("out_norm", self.out_norm), fn("lm_head", self.lm_head),
+        layers = tuple(one(f"layers.{i}", layer) for i, layer in enumerate(self.layers))
+        return ModelWeights(one("embed", self.embed), one("out_norm", self.out_norm), one("lm_head", self.lm_head),
                             layers)
 
 
@@ -160,15 +166,20 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 class _Reader:
     """Dequantizes one tensor at a time so a large model never exists twice in fp32."""
 
-    def __init__(self, tensors: dict, path: Path, shapes: dict[str, tuple[int, ...]], device: str):
+    def __init__(self, tensors: dict, path: Path, shapes: dict[str, tuple[int, ...]], device: str,
+                 keep_quant: bool = False):
         self.tensors, self.path, self.shapes, self.device = tensors, path, shapes, device
+        self.keep_quant = keep_quant
 
-    def __call__(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        from autoinfer.refengine.ops.quant.dequant import dequantize
-
+    def matrix(self, name: str, dtype: torch.dtype) -> Matrix:
+        """A weight matrix: its GGUF blocks when they are kept and a kernel reads the type, else dense."""
         t = self.tensors.get(name)
-        if t is None:
-            raise UserError(f"{self.path}: tensor {name} is missing; the file is not a complete {ARCH} model")
+        if self.keep_quant and t is not None and t.tensor_type.name in BLOCKS:
+            self._shape(name, t)
+            return from_gguf(np.asarray(t.data), t.tensor_type.name, self.shapes[name])
+        return self(name, dtype)
+
+    def _shape(self, name: str, t) -> tuple[int, ...]:
         want = self.shapes[name]
         shape = tuple(int(d) for d in reversed(t.shape))  # ggml ne → numpy order
         if tuple(d for d in shape if d != 1) == tuple(d for d in want if d != 1):
@@ -176,6 +187,15 @@ class _Reader:
         if shape != want:
             raise UserError(f"{self.path}: tensor {name} has shape {shape}, expected {want} "
                             "from the metadata; the file is inconsistent")
+        return want
+
+    def __call__(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        from autoinfer.refengine.ops.quant.dequant import dequantize
+
+        t = self.tensors.get(name)
+        if t is None:
+            raise UserError(f"{self.path}: tensor {name} is missing; the file is not a complete {ARCH} model")
+        want = self._shape(name, t)
         try:
             # Decoded on `device` (a GPU decodes a 35B model in seconds), returned on the CPU.
             return dequantize(np.asarray(t.data), t.tensor_type, want, self.device).to(dtype).cpu()
@@ -184,41 +204,43 @@ class _Reader:
                             "dequantize; requantize the model to Q8_0/Q4_0/F16/BF16/F32") from None
 
 
-def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu",
-         pin_experts: bool = False) -> tuple[ModelConfig, ModelWeights]:
+def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: bool = False,
+         keep_quant: bool = False) -> tuple[ModelConfig, ModelWeights]:
     """Read a qwen35moe GGUF into CPU tensors. Norms, router, conv and decay parameters stay fp32.
     decode_on="cuda" dequantizes Q8_0/Q4_0 blocks on the GPU (the placement of the result is the engine's).
     pin_experts puts routed experts straight into pinned memory, so a model whose experts fill most of the host
-    RAM never exists twice there (the expert cache copies from them asynchronously)."""
+    RAM never exists twice there (the expert cache copies from them asynchronously). keep_quant leaves the
+    Q8_0/Q4_K/Q6_K matrices in their blocks (QuantWeight); the embedding table is always dense (rows are gathered)."""
     path = Path(path)
     reader = _open(path)
     cfg, tensors = _config(reader, path)
-    get = _Reader(tensors, path, _expected_shapes(cfg), decode_on)
+    get = _Reader(tensors, path, _expected_shapes(cfg), decode_on, keep_quant)
+    mat = get.matrix
     big, f32 = torch_dtype(dtype), torch.float32
     layers = []
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
         if cfg.is_attention(i):
             mixer: AttentionWeights | GdnWeights = AttentionWeights(
-                q=get(b + "attn_q.weight", big), k=get(b + "attn_k.weight", big), v=get(b + "attn_v.weight", big),
-                o=get(b + "attn_output.weight", big), q_norm=get(b + "attn_q_norm.weight", f32),
+                q=mat(b + "attn_q.weight", big), k=mat(b + "attn_k.weight", big), v=mat(b + "attn_v.weight", big),
+                o=mat(b + "attn_output.weight", big), q_norm=get(b + "attn_q_norm.weight", f32),
                 k_norm=get(b + "attn_k_norm.weight", f32))
         else:
             mixer = GdnWeights(
-                qkv=get(b + "attn_qkv.weight", big), z=get(b + "attn_gate.weight", big),
-                beta=get(b + "ssm_beta.weight", big), alpha=get(b + "ssm_alpha.weight", big),
+                qkv=mat(b + "attn_qkv.weight", big), z=mat(b + "attn_gate.weight", big),
+                beta=mat(b + "ssm_beta.weight", big), alpha=mat(b + "ssm_alpha.weight", big),
                 conv=get(b + "ssm_conv1d.weight", f32), dt_bias=get(b + "ssm_dt.bias", f32),
-                a=get(b + "ssm_a", f32), norm=get(b + "ssm_norm.weight", f32), out=get(b + "ssm_out.weight", big))
-        expert = (lambda name: get(name, big).pin_memory()) if pin_experts else (lambda name: get(name, big))
+                a=get(b + "ssm_a", f32), norm=get(b + "ssm_norm.weight", f32), out=mat(b + "ssm_out.weight", big))
+        expert = (lambda name: mat(name, big).pin_memory()) if pin_experts else (lambda name: mat(name, big))
         moe = MoeWeights(
             router=get(b + "ffn_gate_inp.weight", f32), gate=expert(b + "ffn_gate_exps.weight"),
             up=expert(b + "ffn_up_exps.weight"), down=expert(b + "ffn_down_exps.weight"),
             shared_gate_inp=get(b + "ffn_gate_inp_shexp.weight", f32),
-            shared_gate=get(b + "ffn_gate_shexp.weight", big), shared_up=get(b + "ffn_up_shexp.weight", big),
-            shared_down=get(b + "ffn_down_shexp.weight", big))
+            shared_gate=mat(b + "ffn_gate_shexp.weight", big), shared_up=mat(b + "ffn_up_shexp.weight", big),
+            shared_down=mat(b + "ffn_down_shexp.weight", big))
         layers.append(LayerWeights(get(b + "attn_norm.weight", f32), get(b + "post_attention_norm.weight", f32),
                                    mixer, moe))
     weights = ModelWeights(embed=get("token_embd.weight", big), out_norm=get("output_norm.weight", f32),
-                           lm_head=get("output.weight" if "output.weight" in tensors else "token_embd.weight", big),  # tied
+                           lm_head=mat("output.weight" if "output.weight" in tensors else "token_embd.weight", big),  # tied
                            layers=tuple(layers))
     return cfg, weights

@@ -3,7 +3,8 @@
 Weights follow llama.cpp's GGUF conventions (see loader.py). Layer i:
     h   = x + Mixer(RMSNorm(x))            Mixer = gated full attention on layers in cfg.attention_layers, else GDN
     out = h + MoE(RMSNorm(h))
-Norms, softmaxes, the conv and the delta-rule recurrence run in fp32; matmuls in the weights' dtype.
+Norms, softmaxes, the conv and the delta-rule recurrence run in fp32; matmuls in the weights' dtype (or, for weights
+kept in GGUF blocks, fp32 accumulation of the activations' dtype).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from autoinfer.refengine.config import ModelConfig
 from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeights, MoeWeights
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
+from autoinfer.refengine.ops.quant.kernels import qlinear
+from autoinfer.refengine.ops.quant.qweight import QuantWeight
 from autoinfer.refengine.state import GdnState, KVCache, SequenceState
 
 L2_EPS = 1e-6  # q/k L2 norm of the GDN layers (as in the FLA kernels and HF)
@@ -29,6 +32,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def l2_norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
+    """x @ wᵀ, for a dense weight or one kept in its GGUF blocks (then a Triton kernel decodes it on the fly)."""
+    return qlinear(x, w) if isinstance(w, QuantWeight) else x @ w.T
 
 
 class Qwen35Moe:
@@ -64,7 +72,7 @@ class Qwen35Moe:
         state.tokens.extend(tokens)
         if not all_logits:
             x = x[-1:]
-        return (rms_norm(x, self.w.out_norm, self.cfg.rms_eps).to(self.dtype) @ self.w.lm_head.T).float()
+        return linear(rms_norm(x, self.w.out_norm, self.cfg.rms_eps).to(self.dtype), self.w.lm_head).float()
 
     # --- gated full attention -------------------------------------------------------------------------------
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -77,11 +85,11 @@ class Qwen35Moe:
 
     def attention(self, x: torch.Tensor, w: AttentionWeights, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
-        qg = (x @ w.q.T).view(T, cfg.n_heads, 2 * cfg.head_dim)
+        qg = (linear(x, w.q)).view(T, cfg.n_heads, 2 * cfg.head_dim)
         q, gate = qg[..., :cfg.head_dim], qg[..., cfg.head_dim:].reshape(T, -1)
         q = self.rope(rms_norm(q, w.q_norm, cfg.rms_eps), positions)
-        k = self.rope(rms_norm((x @ w.k.T).view(T, cfg.n_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_eps), positions)
-        v = (x @ w.v.T).view(T, cfg.n_kv_heads, cfg.head_dim)
+        k = self.rope(rms_norm(linear(x, w.k).view(T, cfg.n_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_eps), positions)
+        v = linear(x, w.v).view(T, cfg.n_kv_heads, cfg.head_dim)
         keys, values = cache.append(k.transpose(0, 1).to(self.dtype), v.transpose(0, 1))  # [Hkv, S, D]
         rep = cfg.n_heads // cfg.n_kv_heads  # query head h reads kv head h // rep
         keys, values = keys.repeat_interleave(rep, 0).float(), values.repeat_interleave(rep, 0).float()
@@ -89,13 +97,13 @@ class Qwen35Moe:
         visible = torch.arange(keys.shape[1], device=x.device)[None, :] <= positions[:, None]
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out = (probs @ values).transpose(0, 1).reshape(T, -1)
-        return (out * torch.sigmoid(gate.float())).to(self.dtype) @ w.o.T
+        return linear((out * torch.sigmoid(gate.float())).to(self.dtype), w.o)
 
     # --- Gated DeltaNet ---------------------------------------------------------------------------------------
     def gated_deltanet(self, x: torch.Tensor, w: GdnWeights, state: GdnState) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
         Hk, Hv, d = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
-        mixed = torch.cat([state.conv, (x @ w.qkv.T).float()])  # [K−1+T, C]: the causal window
+        mixed = torch.cat([state.conv, linear(x, w.qkv).float()])  # [K−1+T, C]: the causal window
         state.conv = mixed[-(cfg.conv_kernel - 1):].clone()
         windows = mixed.unfold(0, cfg.conv_kernel, 1)  # [T, C, K]
         qkv = F.silu((windows * w.conv).sum(-1))
@@ -104,12 +112,12 @@ class Qwen35Moe:
         q = l2_norm(q.view(T, Hk, d)).repeat(1, Hv // Hk, 1) / math.sqrt(d)
         k = l2_norm(k.view(T, Hk, d)).repeat(1, Hv // Hk, 1)
         v = v.view(T, Hv, d)
-        beta = torch.sigmoid((x @ w.beta.T).float())
-        g = w.a * F.softplus((x @ w.alpha.T).float() + w.dt_bias)  # log decay, ≤ 0
+        beta = torch.sigmoid(linear(x, w.beta).float())
+        g = w.a * F.softplus(linear(x, w.alpha).float() + w.dt_bias)  # log decay, ≤ 0
         out, state.recurrent = self.gdn_fn(q, k, v, g, beta, state.recurrent)
-        z = (x @ w.z.T).float().view(T, Hv, d)
+        z = linear(x, w.z).float().view(T, Hv, d)
         out = rms_norm(out, w.norm, cfg.rms_eps) * F.silu(z)
-        return out.reshape(T, -1).to(self.dtype) @ w.out.T
+        return linear(out.reshape(T, -1).to(self.dtype), w.out)
 
     # --- mixture of experts ----------------------------------------------------------------------------------
     def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,5 +132,5 @@ class Qwen35Moe:
         if self.experts.prefetch and next_router is not None:
             # The next layer's router applied to this layer's input predicts most of its choices.
             self.experts.prefetch_layer(layer + 1, torch.unique(self.route(x, next_router)[1]).tolist())
-        shared = (F.silu(x @ w.shared_gate.T) * (x @ w.shared_up.T)) @ w.shared_down.T
+        shared = linear(F.silu(linear(x, w.shared_gate)) * linear(x, w.shared_up), w.shared_down)
         return routed + torch.sigmoid(x.float() @ w.shared_gate_inp)[:, None] * shared.float()

@@ -21,6 +21,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--weights", default="dense")
     p.add_argument("--gdn", default="chunk")
     p.add_argument("--moe", default="grouped")
     p.add_argument("--prefill-chunk", type=int, default=64)
@@ -41,7 +42,7 @@ def measure(args: argparse.Namespace) -> dict:
     from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
     from autoinfer.refengine.ops.moe.grouped import implementation
 
-    options = EngineOptions(device=args.device, dtype=args.dtype, gdn=args.gdn, moe=args.moe,
+    options = EngineOptions(device=args.device, dtype=args.dtype, weights=args.weights, gdn=args.gdn, moe=args.moe,
                             prefill_chunk=args.prefill_chunk, torch_threads=args.torch_threads,
                             expert_slots=args.expert_slots, cache_policy=args.cache_policy, prefetch=args.prefetch)
     options.check()
@@ -91,7 +92,8 @@ def measure(args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")
-                                   else engine.experts.banks[0]) if args.moe == "grouped" else "loop",
+                                   else engine.experts.banks[0]) if args.moe == "grouped" else args.moe,
+        "weights": args.weights,
         **engine.stats(),
     }
 

@@ -1,7 +1,7 @@
 """Where routed experts live while the model runs.
 
 `ResidentExperts`: every expert of every layer on the compute device. `ExpertCache`: experts stay in (pinned) host
-memory and are copied on use into N device slots shared by all layers, evicting by LRU or LFU; optionally the next
+memory (dense, or in their GGUF blocks) and are copied on use into N device slots shared by all layers, evicting by LRU or LFU; optionally the next
 layer's likely experts are prefetched (predicted by applying that layer's router to the current hidden state) on a
 side CUDA stream while this layer computes. Both run a layer's routed assignments through an op from ops/moe.
 """
@@ -16,6 +16,7 @@ import torch
 
 from autoinfer.errors import UserError
 from autoinfer.refengine.ops.moe import ExpertBank, MoeFn
+from autoinfer.refengine.ops.quant.qweight import QuantWeight
 
 POLICIES = ("lru", "lfu")
 
@@ -53,7 +54,11 @@ class ResidentExperts:
         return fn(x, token, expert, weight, self.banks[layer])
 
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for b in self.banks for t in (b.gate, b.up, b.down))
+        return sum(_storage(t).numel() * _storage(t).element_size() for b in self.banks for t in (b.gate, b.up, b.down))
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.device_bytes() // sum(b.rows for b in self.banks)
 
 
 class ExpertCache:
@@ -67,8 +72,7 @@ class ExpertCache:
             raise UserError(f"expert_slots must be ≥ 1 for the expert cache (got {slots})")
         self.host, self.policy, self.prefetch, self.device = host, policy, prefetch, torch.device(device)
         ref = host[0]
-        self.pool = ExpertBank(*(torch.empty((slots, *t.shape[1:]), dtype=t.dtype, device=self.device)
-                                 for t in (ref.gate, ref.up, ref.down)))
+        self.pool = ExpertBank(*(_empty_rows(t, slots, self.device) for t in (ref.gate, ref.up, ref.down)))
         self.slots = slots
         self.where: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) → slot, LRU order
         self.uses: dict[tuple[int, int], int] = {}
@@ -76,7 +80,7 @@ class ExpertCache:
         self.pending: dict[int, torch.cuda.Event] = {}  # slot → copy still in flight on the side stream
         self.prefetched: set[tuple[int, int]] = set()
         self.last_used: set[tuple[int, int]] = set()  # the experts the latest layer computed with
-        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in (ref.gate, ref.up, ref.down))
+        self.expert_bytes = sum(_storage(t)[0].numel() * _storage(t).element_size() for t in (ref.gate, ref.up, ref.down))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.stats = CacheStats()
 
@@ -103,7 +107,7 @@ class ExpertCache:
         ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
         with ctx:
             for dst, t in zip((self.pool.gate, self.pool.up, self.pool.down), (src.gate, src.up, src.down)):
-                dst[slot].copy_(t[e], non_blocking=True)
+                _storage(dst)[slot].copy_(_storage(t)[e], non_blocking=True)
             if stream is not None:
                 event = torch.cuda.Event()
                 event.record(stream)
@@ -175,3 +179,14 @@ def host_banks(banks: list[ExpertBank], pin: bool) -> list[ExpertBank]:
     if not pin:
         return banks
     return [ExpertBank(*(t if t.is_pinned() else t.pin_memory() for t in (b.gate, b.up, b.down))) for b in banks]
+
+
+def _storage(t: torch.Tensor | QuantWeight) -> torch.Tensor:
+    """The tensor holding the bytes: a dense weight itself, or the raw blocks of a quantized one."""
+    return t.raw if isinstance(t, QuantWeight) else t
+
+
+def _empty_rows(t: torch.Tensor | QuantWeight, rows: int, device: torch.device) -> torch.Tensor | QuantWeight:
+    """An uninitialised stack of `rows` matrices shaped like t's, in t's format."""
+    data = torch.empty((rows, *_storage(t).shape[1:]), dtype=_storage(t).dtype, device=device)
+    return QuantWeight(data, t.qtype, (rows, *t.shape[1:])) if isinstance(t, QuantWeight) else data

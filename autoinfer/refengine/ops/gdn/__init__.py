@@ -23,6 +23,7 @@ GdnFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 VARIANTS: dict[str, GdnFn] = {"naive": recurrent_gated_delta_rule, "chunk": chunk_gated_delta_rule,
                                "fused_recurrent": fused_recurrent_gated_delta_rule}
 REFERENCE = "naive"
+TRITON = {"fused_recurrent"}  # variants that need CUDA (or TRITON_INTERPRET=1)
 
 
 def get(name: str) -> GdnFn:

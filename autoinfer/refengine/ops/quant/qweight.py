@@ -40,6 +40,12 @@ class QuantWeight:
     def to(self, device) -> "QuantWeight":
         return QuantWeight(self.raw.to(device), self.qtype, self.shape)
 
+    def pin_memory(self) -> "QuantWeight":
+        return QuantWeight(self.raw.pin_memory(), self.qtype, self.shape)
+
+    def is_pinned(self) -> bool:
+        return self.raw.is_pinned()
+
     def __getitem__(self, index) -> "QuantWeight":
         """Rows of a stacked (expert) weight: qw[i] is expert i's [N, K] matrix."""
         raw = self.raw[index]

@@ -1,0 +1,63 @@
+"""The engine with its matrices kept in GGUF blocks (weights: gguf, Triton kernels under TRITON_INTERPRET=1) against
+the same model decoded to fp32 at load: same logits within fp32 rounding, for every kernel variant combination."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoinfer.errors import UserError
+from autoinfer.model.synth import cached_model
+from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.loader import load
+from autoinfer.refengine.ops.quant.qweight import QuantWeight
+
+BOUND = 1e-4  # relative to max|logit|: fp32 activations, only the summation order differs
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module", params=["Q4_K"])  # the kernels of each block type: test_quant_kernels.py
+def model(request):
+    return cached_model("tiny", request.param)
+
+
+def logits(model, prompt, **knobs) -> tuple[torch.Tensor, torch.Tensor, ReferenceEngine]:
+    engine = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    first, state = engine.prefill(prompt)
+    return first, engine.decode(int(first[-1].argmax()), state), engine
+
+
+def test_matrices_stay_in_their_blocks(model):
+    _, weights = load(model, keep_quant=True)
+    moe = weights.layers[0].moe
+    assert isinstance(moe.gate, QuantWeight) and moe.gate.raw.dtype == torch.uint8
+    assert isinstance(weights.lm_head, QuantWeight) and not isinstance(weights.embed, QuantWeight)
+    assert moe.router.dtype == torch.float32  # routers, norms and conv stay dense fp32
+
+
+@pytest.mark.parametrize("gdn, moe", [("fused_recurrent", "fused"), ("chunk", "grouped")])
+def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe):
+    prompt = list(range(3, 40))
+    ref_pp, ref_tg, _ = logits(model, prompt)
+    pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe)
+    assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
+    dense_bytes = ReferenceEngine.from_gguf(model, EngineOptions()).experts.device_bytes()
+    assert engine.experts.device_bytes() < dense_bytes / 3  # ≤ 8.5 bits per weight instead of 32
+
+
+def test_expert_cache_holds_gguf_blocks(model):
+    prompt = list(range(5, 30))
+    ref_pp, ref_tg, _ = logits(model, prompt)
+    pp, tg, engine = logits(model, prompt, weights="gguf", gdn="fused_recurrent", moe="fused", expert_slots=5)
+    assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
+    assert engine.experts.stats.misses > 0 and isinstance(engine.experts.pool.gate, QuantWeight)
+
+
+def test_fused_moe_needs_gguf_weights():
+    with pytest.raises(UserError, match="weights: gguf"):
+        EngineOptions(moe="fused").check()
+    with pytest.raises(UserError, match="weights 'q4'"):
+        EngineOptions(weights="q4").check()
