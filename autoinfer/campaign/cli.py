@@ -61,21 +61,20 @@ def export(
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
-    from autoinfer.campaign.confirm import confirmed_best
-    from autoinfer.campaign.store import best_trial, load_study, stored_campaign
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.store import load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
     if format not in FORMATS:
         raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
-    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
     if vram_budget is not None or objective is not None:
         from autoinfer.campaign.pareto import pick
 
         best = pick(loaded, vram_budget, objective or "balanced")
     else:
-        best = confirmed_best(loaded) or best_trial(loaded, weights)
+        best = as_best(loaded, recommend(loaded))
     if best is None:
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
     text = render(format, best, loaded.study_name, campaign.engine if campaign else "llama-bench")
