@@ -119,10 +119,10 @@ class DriftAnchor:
     def _reference(self) -> list[float]:
         """The scores of the successful start runs: the band a later anchor is judged against."""
         return [a["score"] for a in self.state["anchors"]
-                if a["label"] == "start" and a["score"] is not None and not a.get("discarded")]
+                if (a["label"] == "start" or a.get("rebased")) and a["score"] is not None and not a.get("discarded")]
 
     def _last_good(self) -> dict[str, Any] | None:
-        good = [a for a in self.state["anchors"] if not a["drifted"]]
+        good = [a for a in self.state["anchors"] if not a["drifted"] or a.get("rebased")]
         return good[-1] if good else None
 
     def _config(self) -> TrialConfig | None:
@@ -197,15 +197,16 @@ class DriftAnchor:
         """Two anchor runs in a row faster than the reference band: the reference was measured while the machine was
         slower (busy at the start), not the trials since. Those two runs become the reference, and the trials measured
         up to the old reference are flagged and queued again."""
-        old = [a for a in self.state["anchors"] if a["label"] == "start" and not a.get("discarded")]
+        old = [a for a in self.state["anchors"] if (a["label"] == "start" or a.get("rebased"))
+               and not a.get("discarded")]
         for a in old:
             a["discarded"] = True
+        self.note(f"drift: the anchor ran {runs[0]['ratio']:.2f}× and {runs[1]['ratio']:.2f}× its reference, faster: "
+                  f"the reference was measured while the machine was slower; it is replaced by these two runs")
         for a in runs:
-            a.update(label="start", drifted=False, ratio=None)
+            a["rebased"] = True  # the new reference; its label, ratio and drift stay as measured
         self._save()
         upto = max(a["after_trial"] for a in old)
-        self.note(f"drift: the anchor runs {runs[0]['ratio']:.2f}× and {runs[1]['ratio']:.2f}× its reference, faster: "
-                  f"the reference was measured while the machine was slower; it is replaced by these two runs")
         return self._flag(-1, upto)
 
     def _flag(self, since: int, upto: int) -> list[int]:

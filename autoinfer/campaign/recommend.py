@@ -108,7 +108,7 @@ def runs_of(trials: Iterable[FrozenTrial], weights: dict[str, float], flagged: s
     if anchor and anchor.get("config"):
         key = config_key(anchor["config"])
         out += [Run(key, a["score"]) for a in anchor.get("anchors", [])
-                if a["score"] is not None and not a["drifted"] and a.get("trial") is None
+                if a["score"] is not None and (not a["drifted"] or a.get("rebased")) and a.get("trial") is None
                 and not a.get("discarded")]
     return out
 
