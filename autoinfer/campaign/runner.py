@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -205,6 +206,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         aid.enqueue_start(study, dists)
         aid.after_run(study)
         skips = repeated = 0
+        nudge = random.Random(campaign.sampler.seed)
         done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t) and not store.is_remeasurement(t)]
         session_start = datetime.now()
         ran = charged = 0
@@ -229,16 +231,21 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 config = aid.realize(to_config(campaign, params, models), trial)
                 trial.set_user_attr("config", config.to_params())
                 source = None if repeats.deliberate(trial.user_attrs) else repeats.earlier(
-                    study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study))
+                    study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study), trial.number)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
                     repeats.answer(study, trial, source)
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
                               "answered with its measurement, not run")
                     repeated += 1
-                    if repeated > repeats.MAX_IN_A_ROW:
-                        view.note(f"stopped: {repeated} suggestions in a row were configurations already measured; "
-                                  "the search space is exhausted")
-                        break
+                    if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
+                        fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
+                        if fresh is None or repeated > repeats.MAX_IN_A_ROW:
+                            view.note(f"stopped: {repeated} suggestions in a row were configurations already "
+                                      "measured and no unmeasured one is left: the search space is exhausted")
+                            break
+                        study.enqueue_trial(fresh, user_attrs={repeats.EXPLORE_ATTR: repeated})
+                        view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random is "
+                                  f"queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
                     continue
                 repeated = 0
                 view.start(trial.number, params)
