@@ -301,19 +301,21 @@ def _recommendation(analysis: Analysis, study: optuna.Study, rec: Recommendation
     row = frame.loc[frame["trial"] == rec.trial].iloc[0]
     key = row["config_key"]
     pooled = configs.loc[configs["config_key"] == key] if not configs.empty else configs
-    ci = f"95% CI {_fmt(rec.ci[0])}–{_fmt(rec.ci[1])}" if rec.ci else "no CI: a single run"
+    ci = f"95% CI {_fmt(rec.ci[0])}–{_fmt(rec.ci[1])}" if rec.ci else "no CI: a single sample"
     memory = f", peak {rec.memory_kind} {rec.memory_mib:.0f} MiB" if rec.memory_mib is not None else ""
     out = []
     if rec.busy:
         out.append(f"**Busy machine:** {rec.busy}.")
-    out.append(f"**Use {_config_text(row)}** (trial {rec.trial}). Objective **{rec.speed:.2f}** (median of "
-               f"{rec.runs} run(s), {ci}{memory}); {'confirmed' if rec.confirmed else 'not confirmed'}: {rec.why}.")
+    speed = f"It runs at **{rec.speed:.2f} {rec.unit}**" if rec.unit else f"Objective **{rec.speed:.2f}**"
+    out.append(f"**Use {_config_text(row)}** (trial {rec.trial}). {speed} (median of {rec.runs} run(s), {ci}"
+               f"{memory}); {rec.why}.")
     if rec.alternative is not None:
         out.append(f"A {rec.alternative.line()}.")
     if not pooled.empty and pooled.iloc[0]["n"] > 1:
         c = pooled.iloc[0]
         out.append(f"Its generation samples over all its successful trials range {c['min']:.2f}–{c['max']:.2f} "
-                   f"tok/s (median {c['median']:.2f}, n={c['n']}): quote the median, not the maximum.")
+                   f"tok/s (mean {c['mean']:.2f}, standard deviation {_fmt(c['std'])}, n={c['n']}): quote the "
+                   "median, not the maximum.")
     if not pairs.empty and pairs.iloc[0]["best"] == key:
         p = pairs.iloc[0]
         if math.isfinite(p["ratio_ci_low"]):

@@ -66,10 +66,11 @@ def _memory(runs: list[dict[str, Any]]) -> tuple[float, str]:
 
 def lighter_alternative(medians: dict[int, float], memory: dict[int, float], chosen: int,
                        memory_tolerance: float) -> dict[str, Any] | None:
-    """The fastest finalist that needs less memory than `chosen` beyond the tolerance, as recommend.Alternative's
-    fields (None when there is none)."""
+    """The fastest finalist that needs less memory than `chosen` beyond the tolerance and saves a larger fraction of
+    memory than it loses of speed, as recommend.Alternative's fields (None when there is none)."""
     limit = memory[chosen] * (1 - memory_tolerance)
-    lighter = [n for n in medians if n != chosen and memory[n] < limit]
+    lighter = [n for n in medians if n != chosen and memory[n] < limit
+               and 1 - memory[n] / memory[chosen] > 1 - medians[n] / medians[chosen]]
     if not lighter or not math.isfinite(memory[chosen]):
         return None
     n = max(lighter, key=lambda k: medians[k])

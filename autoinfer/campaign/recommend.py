@@ -39,6 +39,7 @@ class Run:
     trial: int | None = None
     memory_mib: float | None = None
     memory_kind: str = "none"
+    samples: tuple[float, ...] = ()  # the objective's samples when it is one kind (tg or pp), for a one-run CI
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Recommendation:
     trial: int
     config: dict[str, Any]
     speed: float  # the objective: tok/s for a single-kind objective
-    ci: tuple[float, float] | None  # 95% bootstrap interval of the median over `runs`
+    ci: tuple[float, float] | None  # 95% bootstrap interval of the median over `runs` (one run: over its samples)
     runs: int  # measurements behind `speed`
     memory_mib: float | None
     memory_kind: str  # vram | rss | none
@@ -71,15 +72,17 @@ class Recommendation:
     alternative: Alternative | None = None
     busy: str | None = None  # the machine-noise verdict, when the machine's own noise dominated the study
 
+    unit: str = ""  # "tok/s" when the objective is one kind of speed; else the objective is a weighted score
+
     def label(self) -> str:
         """The progress bar's text."""
-        return f"best so far {self.speed:.2f} (trial {self.trial})"
+        return f"best so far {self.speed:.2f}{' ' + self.unit if self.unit else ''} (trial {self.trial})"
 
     def headline(self) -> str:
         ci = f", 95% CI {self.ci[0]:.2f}–{self.ci[1]:.2f}" if self.ci else ""
         memory = f", {self.memory_kind} {self.memory_mib:.0f} MiB" if self.memory_mib is not None else ""
-        return (f"recommended: trial {self.trial}, {self.speed:.2f} (median of {self.runs} run(s){ci}{memory}); "
-                f"{self.why}")
+        return (f"recommended: trial {self.trial}, {self.speed:.2f}{' ' + self.unit if self.unit else ''} (median "
+                f"of {self.runs} run(s){ci}{memory}); {self.why}")
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -96,6 +99,8 @@ def runs_of(trials: Iterable[FrozenTrial], weights: dict[str, float], flagged: s
             anchor: dict[str, Any] | None = None) -> list[Run]:
     """The trustworthy measurements of a study: measured feasible successful trials not flagged by the drift anchor,
     and the anchor's runs that did not drift (from its `drift` state)."""
+    single = [k for k in weights if k != "kld"]
+    kind = single[0] if len(single) == 1 and len(weights) == 1 else None
     out = []
     for t in trials:
         if t.number in flagged or not store.is_finished(t) or not store.is_feasible_ok(t):
@@ -103,8 +108,9 @@ def runs_of(trials: Iterable[FrozenTrial], weights: dict[str, float], flagged: s
         value = store.score({"tg": store.samples_of(t, "tg"), "pp": store.samples_of(t, "pp"),
                              "kld": store.kld_of(t)}, weights)
         if value is not None:
-            mem, kind = _memory(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
-            out.append(Run(config_key(t.user_attrs["config"]), value, t.number, mem, kind))
+            mem, mem_kind = _memory(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
+            out.append(Run(config_key(t.user_attrs["config"]), value, t.number, mem, mem_kind,
+                           tuple(store.samples_of(t, kind)) if kind else ()))
     if anchor and anchor.get("config"):
         key = config_key(anchor["config"])
         out += [Run(key, a["score"]) for a in anchor.get("anchors", [])
@@ -119,6 +125,7 @@ class _Config:
     trial: int  # the trial that stands for the configuration: the one nearest its median
     speed: float
     scores: tuple[float, ...]
+    samples: tuple[float, ...]
     memory_mib: float | None
     memory_kind: str
 
@@ -137,13 +144,16 @@ def _configs(runs: Sequence[Run]) -> list[_Config]:
         speed = statistics.median(scores)
         stand = min(trials, key=lambda r: (abs(r.score - speed), r.trial))
         mems = [r.memory_mib for r in trials if r.memory_mib is not None]
-        out.append(_Config(key, stand.trial, speed, scores, statistics.median(mems) if mems else None,
-                           stand.memory_kind))
+        out.append(_Config(key, stand.trial, speed, scores, tuple(v for r in group for v in r.samples),
+                           statistics.median(mems) if mems else None, stand.memory_kind))
     return sorted(out, key=lambda c: (-c.speed, c.trial))
 
 
-def _ci(scores: Sequence[float]) -> tuple[float, float] | None:
-    return bootstrap_ci(scores) if len(scores) >= 2 else None
+def _ci(config: _Config) -> tuple[float, float] | None:
+    """Over the runs' scores; a single run's over its samples (the score is their median then)."""
+    if len(config.scores) >= 2:
+        return bootstrap_ci(config.scores)
+    return bootstrap_ci(config.samples) if len(config.samples) >= 2 else None
 
 
 def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[int, str],
@@ -163,7 +173,7 @@ def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[
 
 def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, str], configs_of: dict[int, dict],
            *, threshold: float = DEFAULT_THRESHOLD, memory_tolerance: float = 0.02,
-           busy: str | None = None) -> Recommendation | None:
+           busy: str | None = None, unit: str = "") -> Recommendation | None:
     """The recommendation from plain inputs: the trustworthy runs, the confirmation record (or None), each trial's
     configuration key and configuration."""
     configs = _configs(runs)
@@ -177,7 +187,7 @@ def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, s
                 rec["trial"], configs_of[rec["trial"]], rec["median"], tuple(rec["ci"]) if rec.get("ci") else None,
                 len(rec["scores"]), rec.get("memory_mib"), rec.get("memory_kind", "none"), True,
                 record.get("why") or "confirmed by interleaved re-measurement",
-                Alternative(**alt) if alt else None, busy)
+                Alternative(**alt) if alt else None, busy, unit)
         why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured outside the "
                    f"range of their own search runs (±{threshold:.0%}), so the machine was in another state "
                    f"while it ran; ")
@@ -190,10 +200,10 @@ def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, s
                               {c.trial: c.memory_mib if c.memory_mib is not None else math.inf for c in configs},
                               top.trial, memory_tolerance)
     return Recommendation(
-        top.trial, configs_of[top.trial], top.speed, _ci(top.scores), len(top.scores), top.memory_mib,
+        top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
         top.memory_kind, False,
         why_not + f"fastest median of {len(configs)} configuration(s) over their trustworthy runs "
-        "(drift-flagged trials left out)", Alternative(**alt) if alt else None, busy)
+        "(drift-flagged trials left out)", Alternative(**alt) if alt else None, busy, unit)
 
 
 def recommend(study: optuna.Study) -> Recommendation | None:
@@ -207,7 +217,7 @@ def recommend(study: optuna.Study) -> Recommendation | None:
                   {t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
                   threshold=campaign.drift.threshold if campaign else DEFAULT_THRESHOLD,
                   memory_tolerance=campaign.confirm.memory_tolerance if campaign else 0.02,
-                  busy=busy_verdict(study))
+                  busy=busy_verdict(study), unit="tok/s" if set(weights) in ({"tg"}, {"pp"}) else "")
 
 
 def as_best(study: optuna.Study, rec: Recommendation | None) -> store.Best | None:

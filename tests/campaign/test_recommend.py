@@ -131,11 +131,13 @@ def test_the_notebook_gives_the_same_recommendation(tmp_path, monkeypatch):
 
 
 def test_memory_alone_never_replaces_the_fastest_and_a_lighter_one_is_offered():
-    runs = [Run("a", 71.8, 0, 7586.0, "vram"), Run("b", 61.9, 1, 7154.0, "vram"), Run("c", 70.0, 2, 7580.0, "vram")]
+    runs = [Run("a", 71.8, 0, 7586.0, "vram"), Run("b", 61.9, 1, 7154.0, "vram"), Run("c", 70.4, 2, 7154.0, "vram")]
     rec = recommend_from(runs, None, {0: "a", 1: "b", 2: "c"}, {0: {"t": 1}, 1: {"t": 2}, 2: {"t": 3}})
     assert rec is not None and rec.trial == 0 and not rec.confirmed
-    assert rec.alternative is not None and rec.alternative.trial == 1
-    assert rec.alternative.line().startswith("lighter alternative: trial 1, 14% slower, 432 MiB less")
+    assert rec.alternative is not None and rec.alternative.trial == 2
+    assert rec.alternative.line().startswith("lighter alternative: trial 2, 2% slower, 432 MiB less")
+    runs[2] = Run("c", 61.0, 2, 7154.0, "vram")  # 15% slower for 5.7% less memory: not offered
+    assert recommend_from(runs, None, {0: "a", 1: "b", 2: "c"}, {n: {"t": n} for n in range(3)}).alternative is None
 
 
 def test_a_confirmation_that_contradicts_the_search_measurements_is_not_used():
@@ -194,3 +196,29 @@ def test_a_machine_whose_noise_dominates_is_said_plainly_in_status(tmp_path, mon
     assert status.exit_code == 0 and "busy machine" in status.output and "too busy" in status.output
     rec = recommend(study)
     assert rec is not None and rec.trial == 4 and rec.busy == verdict
+
+
+def test_the_report_shows_the_generation_vs_prompt_front_within_the_budget_and_marks_the_recommendation(tmp_path):
+    """tg 71.8 / pp 450 (the recommendation: the objective is tg) and tg 62.8 / pp 1950 are both on the front; tg 60
+    / pp 400 is beaten on both; tg 90 / pp 2000 needs 9000 MiB, over the 8192 MiB budget."""
+    campaign = _campaign(constraints={"vram_mib": 8192})
+    study = _study(campaign, "front")
+    for threads, tg, pp, vram in ((1, 71.8, 450.0, 7586.0), (2, 62.8, 1950.0, 7154.0), (3, 60.0, 400.0, 7000.0),
+                                  (4, 90.0, 2000.0, 9000.0)):
+        config = {"model": "m.gguf", "threads": threads}
+        study.add_trial(create_trial(
+            params={"threads": threads}, distributions={"threads": IntDistribution(1, 8)}, value=tg,
+            user_attrs={"outcome": "ok", "config": config, "tg_samples": [tg] * 3, "pp_samples": [pp] * 3,
+                        "vram_peak_mib": vram, "engine_cmd": []}))
+    rec = recommend(study)
+    assert rec is not None and rec.trial == 3  # recommend judges on the stored samples; no constraint was recorded
+    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [3])  # left out everywhere, the front included
+    rec = recommend(study)
+    assert rec is not None and rec.trial == 0 and rec.alternative is None  # 13% slower for 6% less: no trade
+    analyze(study, tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    section = report.split("## Generation vs prompt processing")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
+    assert [row.split("|")[1].strip() for row in rows] == ["0", "1"], section
+    assert "recommended" in rows[0] and "recommended" not in rows[1]
+    assert "within the budget of 8192 MiB" in section and "--objective pp" in section
