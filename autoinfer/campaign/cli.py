@@ -32,7 +32,10 @@ def sweep(
     confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
                                  "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it."""
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it.
+
+    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed."""
+    from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
     from autoinfer.campaign.report import print_recommendation
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
@@ -40,6 +43,10 @@ def sweep(
     campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
                        progress=not quiet, confirm=confirm)
+    failed = diagnose(result.study)
+    if failed is not None:
+        Console(stderr=True).print(f"[red]no recommendation[/red]: {failed.line()}", soft_wrap=True, highlight=False)
+        raise SystemExit(SWEEP_FAILED)  # not typer.Exit: main() runs click outside standalone mode
     print_recommendation(Console(), result.study, result.campaign)
 
 
@@ -62,6 +69,7 @@ def export(
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
     from autoinfer.campaign.confirm import confirmed_best
+    from autoinfer.campaign.diagnosis import diagnose
     from autoinfer.campaign.store import best_trial, load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
@@ -77,6 +85,9 @@ def export(
     else:
         best = confirmed_best(loaded) or best_trial(loaded, weights)
     if best is None:
+        failed = diagnose(loaded)
+        if failed is not None:
+            raise UserError(f"study {loaded.study_name!r} has nothing to export: {failed.line()}")
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
     text = render(format, best, loaded.study_name, campaign.engine if campaign else "llama-bench")
     if out:

@@ -10,7 +10,7 @@ import fcntl
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import optuna
 from optuna.trial import TrialState
+from rich.console import Console
 
 from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, store, worker
 from autoinfer.campaign.guard import TrialGuard, run_engine
@@ -33,6 +34,8 @@ from autoinfer.paths import default_storage, trial_dir
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+#: Study attribute: the settings the engine imposed on every trial and why; trial attribute: those settings.
+DECISIONS_ATTR = "imposed_settings"
 # Keys whose change makes a stored study a different campaign (budgets may change between runs).
 _IDENTITY_KEYS = ("engine", "model", "space", "objective", "measure", "constraints")
 
@@ -168,6 +171,22 @@ def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | No
     return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
 
 
+def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision, ...]:
+    """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
+    printed once; a campaign that asks for another value of such a setting is refused, since its trials would
+    measure something else than they say."""
+    decisions = tuple(getattr(engine, "decisions", lambda: ())())
+    for d in decisions:
+        asked = campaign.space.get(d.knob)
+        values = asked if isinstance(asked, list) else [] if asked is None else [asked]
+        if any(v != d.value for v in values):
+            raise UserError(f"space.{d.knob}: this machine's llama.cpp build needs {d.knob}={d.value} ({d.reason}); "
+                            f"set {d.knob}: {d.value} or drop it from the space")
+        Console(stderr=True).print(f"decision: every trial runs with {d.knob}={d.value}: {d.reason}",
+                                   markup=False, soft_wrap=True)
+    return decisions
+
+
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
@@ -187,6 +206,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
     engine.check()
+    decisions = imposed_settings(engine, campaign)
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
     dists = distributions(campaign)
@@ -196,6 +216,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             study = open_study(campaign, name, url)
             machine = hardware.bind(study)
             requeued = reclaim_stale(study, worker.stale_trials(study))
+            if decisions:
+                study.set_user_attr(DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
         aid.enqueue_start(study, dists)
         aid.after_run(study)
@@ -216,8 +238,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
                 params: dict[str, Any] = suggest(trial, dists)
-                config = aid.realize(to_config(campaign, params, models), trial)
+                config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
+                if decisions:
+                    trial.set_user_attr(DECISIONS_ATTR, {d.knob: d.value for d in decisions})
                 view.start(trial.number, params)
                 skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
                            or aid.before_run(trial, config))
