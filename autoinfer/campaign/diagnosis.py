@@ -16,9 +16,8 @@ from optuna.trial import FrozenTrial, TrialState
 SWEEP_FAILED = 3
 
 _FIXES = {
-    "SIGILL": "the llama.cpp build uses a CPU instruction this machine does not allow (AMX kernels of repacked "
-              "weights on many VMs): run `autoinfer build` to smoke-run it again (it turns repack off or rebuilds "
-              "without AMX), or add `repack: 0` to the campaign's space",
+    "SIGILL": "run `autoinfer build` to smoke-run the build again (when repacked weights crash it, as AMX kernels do "
+              "on many VMs, it turns repack off or rebuilds without AMX), or add `repack: 0` to the campaign's space",
     "SIGSEGV": "llama.cpp crashed: see `autoinfer doctor` for the build's smoke run; try `repack: 0` in the space, "
                "or rebuild with `autoinfer build`",
     "SIGBUS": "the model file changed or became unreadable while it ran: re-create or re-download it",

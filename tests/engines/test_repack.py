@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from optuna.trial import create_trial
 
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.engines.base import Decision, TrialConfig, impose
+from autoinfer.campaign.store import Best
+from autoinfer.engines.base import Decision, TrialConfig, create, impose
 from autoinfer.engines.llama_bench import LlamaBenchEngine
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.engines.llama_cpp_python import LlamaCppPythonEngine
 from autoinfer.engines.llama_server import LlamaServerEngine
 from autoinfer.errors import UserError
+from autoinfer.export.formats import render
 from autoinfer.model.synth import cached_model
 
 from .helpers import context, trial
@@ -52,4 +58,26 @@ def test_llama_bench_runs_with_repack_on_and_off(llama_tools, repack, tmp_path):
     m = engine.run(trial(model, n_prompt=8, n_gen=4, repetitions=1, extra=(("repack", repack),)), context(tmp_path))
     assert m.ok, m.reason
     assert m.engine_cmd[m.engine_cmd.index("--repack") + 1] == str(repack)
-    assert ("CPU_REPACK" in m.stderr) == bool(repack) or "CPU_REPACK" not in m.stderr  # off never repacks
+    # llama.cpp -v names the repacked buffer ggml-cpu puts Q4_0 weights in (AVX2 and NEON have that path)
+    assert ("CPU_REPACK model buffer size" in m.stderr) == bool(repack)
+
+
+CHILD = """\
+import sys
+namespace = {}
+exec(compile(sys.argv[1], "exported.py", "exec"), namespace)
+print(namespace["llm"].model_params.use_extra_bufts)
+"""
+
+
+@pytest.mark.parametrize("repack, expected", [(0, "False"), (None, "True")])
+def test_the_python_export_turns_repack_off_as_measured(llama_tools, tiny_model, repack, expected):
+    extra = () if repack is None else (("repack", repack),)
+    config = TrialConfig(tiny_model, flash_attn="on", n_gpu_layers=0, extra=extra)
+    best = Best(create_trial(value=1.0, user_attrs={"config": config.to_params()}), config, 1.0)
+    snippet = render("python", best, "s", "llama-cpp-python")
+    env = create("llama-cpp-python", llama_bin=llama_tools.bin_dir).child_env()
+    child = subprocess.run([sys.executable, "-c", CHILD, snippet], check=False, capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().splitlines()[-1] == expected
