@@ -32,15 +32,25 @@ def sweep(
     confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
                                  "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it."""
-    from autoinfer.campaign.report import print_recommendation
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it, and
+    start that command once (deployment check; exit status 1 when it fails)."""
+    from autoinfer.campaign.deploy import check_recommendation
+    from autoinfer.campaign.report import print_deployment_check, print_recommendation, recommended
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
     campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
                        progress=not quiet, confirm=confirm)
-    print_recommendation(Console(), result.study, result.campaign)
+    console = Console()
+    print_recommendation(console, result.study, result.campaign)
+    best = recommended(result.study, result.campaign)
+    if best is not None:
+        console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
+    check = check_recommendation(result.study, result.campaign, best)
+    print_deployment_check(console, check)
+    if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
+        raise typer.Exit(1)
 
 
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
