@@ -170,6 +170,9 @@ def _finite(value: Any) -> Any:
 def winner_sentence(fitset: FitSet) -> str:
     fits, win = fitset.fits, fitset.winner
     if not fits:
+        reasons = set(fitset.skipped.values())
+        if len(reasons) == 1:  # one cause for every model: say it once
+            return f"No placement model was fitted: {reasons.pop()}."
         return "No placement model was fitted: " + "; ".join(f"{k}: {v}" for k, v in fitset.skipped.items()) + "."
     if len(fits) == 1:
         (name, fit), = fits.items()

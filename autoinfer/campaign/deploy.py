@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import os
 import shlex
+import shutil
 import time
 from dataclasses import asdict, dataclass
 
@@ -30,6 +31,7 @@ CHECK_ATTR = "deployment_check"  # study attr: the last check's result (a dict o
 PROMPT = "The quick brown fox"
 N_PREDICT = 8
 _POLL_S = 0.1
+_EXIT_WAIT_S = 3.0  # a server that dropped the connection is usually still dying (an abort writes a core first)
 
 
 @dataclass(frozen=True)
@@ -67,17 +69,18 @@ def run_check(command: list[str], timeout_s: float, trial: int | None = None) ->
     def result(status: str, reason: str, answer: str = "", tokens: int = 0) -> DeploymentCheck:
         return DeploymentCheck(status, reason, trial, printed, answer, tokens, round(time.monotonic() - started, 2))
 
+    proc = IsolatedProcess(argv, env=dict(os.environ))
     try:
-        proc = IsolatedProcess(argv, env=dict(os.environ)).start()
+        proc.start()
     except UserError as exc:  # the program is missing or not executable
         return result("failed", str(exc))
-    with proc:
-        failure, died = None, False
-        try:
-            _wait_healthy(proc, client)
-            data = client.post("/completion", {"prompt": PROMPT, "n_predict": N_PREDICT, "ignore_eos": True})
-        except (ServerGone, RequestRejected, TimeoutError) as exc:
-            failure, died = str(exc), not proc.running
+    failure, died = None, False
+    try:
+        _wait_healthy(proc, client)
+        data = client.post("/completion", {"prompt": PROMPT, "n_predict": N_PREDICT, "ignore_eos": True})
+    except (ServerGone, RequestRejected, TimeoutError) as exc:
+        failure, died = str(exc), _exited(proc, _EXIT_WAIT_S)
+    finally:  # the server's whole process group, however the check ended
         res = proc.stop()
     if failure is not None:
         if died:  # its exit status and stderr say why (an assertion, a missing library, an unknown flag)
@@ -87,6 +90,13 @@ def run_check(command: list[str], timeout_s: float, trial: int | None = None) ->
     if not isinstance(content, str) or tokens < 1:
         return result("failed", f"/completion answered without generated text: {str(data)[:200]}")
     return result("passed", "", " ".join(content.split())[:60], tokens)
+
+
+def _exited(proc: IsolatedProcess, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while proc.running and time.monotonic() < deadline:
+        time.sleep(_POLL_S / 2)
+    return not proc.running
 
 
 def _wait_healthy(proc: IsolatedProcess, client: Client) -> None:
@@ -114,7 +124,12 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
                                 0.0)
     else:
         command = shlex.split(render("server", best, study.study_name, campaign.engine))
-        check = run_check(command, campaign.measure.timeout_s, best.trial.number)
+        if os.sep not in command[0] and shutil.which(command[0]) is None:
+            check = DeploymentCheck("skipped", f"the printed command runs {command[0]} from PATH and there is none on "
+                                    "this machine's PATH; put a llama.cpp build's bin folder there (`autoinfer doctor` "
+                                    "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
+        else:
+            check = run_check(command, campaign.measure.timeout_s, best.trial.number)
     record(study, check)
     return check
 
