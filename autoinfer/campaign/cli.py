@@ -32,11 +32,14 @@ def sweep(
     confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
                                  "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it.
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it, and
+    start that command once (deployment check).
 
-    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed."""
+    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed, and with
+    status 1 when the deployment check fails."""
+    from autoinfer.campaign.deploy import check_recommendation
     from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-    from autoinfer.campaign.report import print_recommendation
+    from autoinfer.campaign.report import print_deployment_check, print_recommendation, recommended
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
@@ -47,7 +50,15 @@ def sweep(
     if failed is not None:
         Console(stderr=True).print(f"[red]no recommendation[/red]: {failed.line()}", soft_wrap=True, highlight=False)
         raise SystemExit(SWEEP_FAILED)  # not typer.Exit: main() runs click outside standalone mode
-    print_recommendation(Console(), result.study, result.campaign)
+    console = Console()
+    print_recommendation(console, result.study, result.campaign)
+    best = recommended(result.study, result.campaign)
+    if best is not None:
+        console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
+    check = check_recommendation(result.study, result.campaign, best)
+    print_deployment_check(console, check)
+    if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
+        raise SystemExit(1)
 
 
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:

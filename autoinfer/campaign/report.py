@@ -9,8 +9,8 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autoinfer.campaign import store
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, summary
+from autoinfer.campaign import deploy, store
+from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, finalists, summary
 from autoinfer.campaign.drift import status_line
 from autoinfer.export.formats import LLAMA_ENGINES, render
 
@@ -63,9 +63,10 @@ def print_status(console: Console, study: optuna.Study) -> None:
     best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
     confirmed = study.user_attrs.get(CONFIRMED_ATTR)
     table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed['after_trials']} trials)"
-                  if confirmed else "not yet (runs when the trial budget is spent)")
+                  if confirmed else _unconfirmed(study, campaign, len(finished) >= budget))
     if (drift := status_line(study)) is not None:
         table.add_row("drift anchor", drift)
+    table.add_row("deployment check", deployment_line(deploy.stored(study), best))
     if best is None:
         table.add_row("best", "no feasible successful trial yet")
     else:
@@ -75,6 +76,22 @@ def print_status(console: Console, study: optuna.Study) -> None:
         table.add_row("  pp tok/s", measured(t, confirmed, "pp"))
         table.add_row("  peak memory", _memory(t))
     console.print(table)
+
+
+def _unconfirmed(study: optuna.Study, campaign, budget_spent: bool) -> str:
+    """Why a study has no confirmation: what happened, not what would happen in a sweep that already ended."""
+    if campaign is None:
+        return "no (an imported study; `autoinfer sweep --confirm` needs a campaign)"
+    if not campaign.confirm.enabled:
+        return "off (confirm.enabled is false in the campaign); `autoinfer sweep --confirm` runs it on demand"
+    n = len(finalists(study, campaign.objective_weights(), campaign.confirm.top_k))
+    if n < 2:
+        when = "skipped at the end of the sweep" if budget_spent else "not possible yet"
+        return f"{when}: {n} successful configuration(s) without drift flags, at least 2 are needed"
+    if not budget_spent:
+        return "not yet (runs when the trial budget is spent)"
+    return ("not run: the trial budget is spent but the sweep ended before confirming (interrupted?); "
+            "`autoinfer sweep --confirm` runs it")
 
 
 def _params(params: dict) -> str:
@@ -87,8 +104,35 @@ def _memory(t: optuna.trial.FrozenTrial) -> str:
     return ", ".join(parts) or "not measured"
 
 
+def recommended(study: optuna.Study, campaign) -> store.Best | None:
+    """The configuration the sweep recommends: the confirmed winner, else the best measured one."""
+    return confirmed_best(study) or store.best_trial(study, campaign.objective_weights())
+
+
+def deployment_line(check: deploy.DeploymentCheck | None, best: store.Best | None) -> str:
+    """What status and the report say about the deployment check of the current recommendation."""
+    if check is None:
+        return "not run (it runs at the end of `autoinfer sweep`)"
+    if best is not None and check.trial is not None and check.trial != best.trial.number:
+        return f"not run for trial {best.trial.number}; the last check ({check.line()}) was for another trial"
+    return check.line()
+
+
+def print_deployment_check(console: Console, check: deploy.DeploymentCheck) -> None:
+    """The check's result; a failure loudly, with the command that failed, since the printed answer does not work."""
+    if check.status == "failed":
+        console.print("[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command did not serve a "
+                      "completion; do not use it as printed.")
+        console.print(f"  reason: {check.reason}", markup=False, highlight=False)
+        console.print(f"  command: {check.command}", markup=False, highlight=False, soft_wrap=True)
+    elif check.status == "passed":
+        console.print(f"deployment check {check.line()}", style="green", markup=False, highlight=False)
+    else:
+        console.print(f"deployment check {check.line()}", markup=False, highlight=False)
+
+
 def print_recommendation(console: Console, study: optuna.Study, campaign) -> None:
-    best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights())
+    best = recommended(study, campaign)
     if best is None:
         console.print(f"[red]no feasible successful trial in study {study.study_name!r}[/red]; "
                       f"see `autoinfer status --study {study.study_name}`")

@@ -205,6 +205,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
+    if campaign.engine not in hostlock.ENGINES_WITHOUT_HOST_MEASUREMENT:  # a table's peaks need no GPU here
+        hardware.check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
