@@ -39,7 +39,8 @@ def sweep(
     status 1 when the deployment check fails."""
     from autoinfer.campaign.deploy import check_recommendation
     from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-    from autoinfer.campaign.report import print_deployment_check, print_recommendation, recommended
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.report import print_deployment_check, print_recommendation
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
@@ -52,7 +53,7 @@ def sweep(
         raise SystemExit(SWEEP_FAILED)  # not typer.Exit: main() runs click outside standalone mode
     console = Console()
     print_recommendation(console, result.study, result.campaign)
-    best = recommended(result.study, result.campaign)
+    best = as_best(result.study, recommend(result.study))
     if best is not None:
         console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
     check = check_recommendation(result.study, result.campaign, best)
@@ -79,22 +80,21 @@ def export(
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
-    from autoinfer.campaign.confirm import confirmed_best
     from autoinfer.campaign.diagnosis import diagnose
-    from autoinfer.campaign.store import best_trial, load_study, stored_campaign
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.store import load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
     if format not in FORMATS:
         raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
-    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
     if vram_budget is not None or objective is not None:
         from autoinfer.campaign.pareto import pick
 
         best = pick(loaded, vram_budget, objective or "balanced")
     else:
-        best = confirmed_best(loaded) or best_trial(loaded, weights)
+        best = as_best(loaded, recommend(loaded))
     if best is None:
         failed = diagnose(loaded)
         if failed is not None:
