@@ -32,11 +32,15 @@ def sweep(
     confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
                                  "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it.
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it, and
+    start that command once (deployment check).
 
-    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed."""
+    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed, and with
+    status 1 when the deployment check fails."""
+    from autoinfer.campaign.deploy import check_recommendation
     from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-    from autoinfer.campaign.report import print_recommendation
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.report import print_deployment_check, print_recommendation
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
@@ -47,7 +51,15 @@ def sweep(
     if failed is not None:
         Console(stderr=True).print(f"[red]no recommendation[/red]: {failed.line()}", soft_wrap=True, highlight=False)
         raise SystemExit(SWEEP_FAILED)  # not typer.Exit: main() runs click outside standalone mode
-    print_recommendation(Console(), result.study, result.campaign)
+    console = Console()
+    print_recommendation(console, result.study, result.campaign)
+    best = as_best(result.study, recommend(result.study))
+    if best is not None:
+        console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
+    check = check_recommendation(result.study, result.campaign, best)
+    print_deployment_check(console, check)
+    if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
+        raise SystemExit(1)
 
 
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
@@ -68,22 +80,21 @@ def export(
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
-    from autoinfer.campaign.confirm import confirmed_best
     from autoinfer.campaign.diagnosis import diagnose
-    from autoinfer.campaign.store import best_trial, load_study, stored_campaign
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.store import load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
     if format not in FORMATS:
         raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
-    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
     if vram_budget is not None or objective is not None:
         from autoinfer.campaign.pareto import pick
 
         best = pick(loaded, vram_budget, objective or "balanced")
     else:
-        best = confirmed_best(loaded) or best_trial(loaded, weights)
+        best = as_best(loaded, recommend(loaded))
     if best is None:
         failed = diagnose(loaded)
         if failed is not None:

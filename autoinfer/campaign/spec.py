@@ -117,6 +117,17 @@ class Confirm(_Strict):
     test: Literal["mannwhitney", "welch"] = "mannwhitney"
     # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
     memory_tolerance: float = Field(0.02, ge=0, lt=1)
+    # memory breaks a tie only between finalists whose medians are within this fraction of the leader's
+    speed_tolerance: float = Field(0.02, ge=0, lt=1)
+    # more interleaved rounds while the leader/runner-up ratio's 95% CI is wider than ±precision, up to max_rounds
+    precision: float = Field(0.03, gt=0, lt=1)
+    max_rounds: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _rounds_within_cap(self) -> "Confirm":
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds {self.max_rounds} is below rounds {self.rounds}; raise max_rounds")
+        return self
 
 
 class Drift(_Strict):

@@ -33,6 +33,7 @@ from autoinfer.paths import cache_dir
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_BYTES = 76_589_250
 SDIST_DIR = f"llama_cpp_python-{SDIST_VERSION}"
 MANIFEST = "build.json"
 BASE_FLAGS = (
@@ -144,10 +145,11 @@ def _download_sdist(src_root: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=src_root) as tmp:
             argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
-            done = subprocess.run(argv, check=False, capture_output=True, text=True)
+            returncode, stderr = watched_download(argv, Path(tmp), archive.name, SDIST_BYTES,
+                                                  f"the llama.cpp source ({SDIST_NAME} {SDIST_VERSION})")
             fetched = Path(tmp) / archive.name
-            if done.returncode != 0 or not fetched.is_file():
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            if returncode != 0 or not fetched.is_file():
+                last = (stderr.strip().splitlines() or ["no output"])[-1]
                 raise UserError(f"pip could not download {SDIST_NAME}=={SDIST_VERSION} ({last}); "
                                 f"check the network or pass --source with a llama.cpp checkout")
             os.replace(fetched, archive)
@@ -157,6 +159,30 @@ def _download_sdist(src_root: Path) -> Path:
         raise UserError(f"{archive.name} has sha256 {digest}, expected {SDIST_SHA256}; the download was altered, "
                         f"retry or pass --source with a llama.cpp checkout")
     return archive
+
+
+def watched_download(argv: list[str], folder: Path, name: str, total: int, what: str,
+                     every_s: float = 3.0) -> tuple[int, str]:
+    """Run a download command whose temporary files go under `folder` (TMPDIR), printing on stderr every `every_s`
+    seconds how much of the files called `name` has arrived: pip shows nothing when its output is captured.
+    Returns (exit status, stderr)."""
+    work = folder / ".download"
+    work.mkdir()
+    with open(folder / ".stderr", "w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "TMPDIR": str(work)})
+        started = time.monotonic()
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=every_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    got = sum(f.stat().st_size for f in work.rglob(name))
+                except FileNotFoundError:  # the downloader moved a file or folder while it was counted
+                    continue
+                print(f"downloading {what}: {got / 1e6:.1f} of {total / 1e6:.1f} MB, "
+                      f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        err.seek(0)
+        return proc.returncode, err.read()
 
 
 def _sha256(path: Path) -> str:
