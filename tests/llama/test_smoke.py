@@ -21,7 +21,8 @@ from standin import make_standin
 from typer.testing import CliRunner
 
 from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-from autoinfer.campaign.runner import DECISIONS_ATTR, sweep
+from autoinfer.campaign.runner import sweep
+from autoinfer.campaign.store import DECISIONS_ATTR
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
@@ -40,6 +41,11 @@ AMX_VM_FLAGS = frozenset("sse4_2 f16c fma bmi2 avx avx2 avx_vnni avx512f avx512c
 def _console() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
     return Console(file=out, width=400), out
+
+
+def _flat(text: str) -> str:
+    """A rich table's text with its borders and line wraps taken out."""
+    return " ".join(re.sub(r"[│┃|─━┏┓┗┛┡┩└┘┌┐╇╈┼]", " ", text).split())
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +124,8 @@ def test_a_sweep_on_the_crashing_build_runs_every_trial_with_repack_off(repack_s
     assert exported.exit_code == 0 and "--repack 0" in exported.output
     server = CliRunner().invoke(app, ["export", "--study", "standin", "--format", "server"])
     assert "--no-repack" in server.output or " -nr" in server.output
+    status = _flat(CliRunner().invoke(app, ["status", "--study", "standin"]).output)
+    assert "imposed on every trial repack=0: weight repacking crashes this build" in status
     asking = campaign.model_copy(update={"name": "asks", "space": {**campaign.space, "repack": [0, 1]}})
     with pytest.raises(UserError, match="space.repack: this machine's llama.cpp build needs repack=0"):
         sweep(asking, progress=False)
@@ -187,6 +195,7 @@ def test_a_campaign_whose_trials_all_crash_exits_3_with_a_diagnosis(llama_tools,
     assert exported.returncode == 2 and line in exported.stderr and "Traceback" not in exported.stderr
     analysed = runner.invoke(app, ["analyze", "--study", "doomed", "--out", str(tmp_path / "report")])
     assert line in analysed.output
+    assert f"recommended none: {_flat(line)}" in _flat(runner.invoke(app, ["status", "--study", "doomed"]).output)
 
 
 def test_doctor_shows_the_smoke_run(repack_standin, monkeypatch):
