@@ -17,9 +17,9 @@ import shutil
 import signal as signals
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 #: What each fatal signal means for a measured program, in words a user can act on.
 MEANINGS = {
