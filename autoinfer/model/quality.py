@@ -21,6 +21,7 @@ from typing import Callable
 
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
 from autoinfer.model.quantize import file_sha256
 from autoinfer.paths import cache_dir
@@ -214,7 +215,7 @@ def _perplexity(tools: Tools, model: Path, settings: QualitySettings, extra: lis
         argv += ["-t", str(settings.threads)]
     if settings.n_gpu_layers is not None:
         argv += ["-ngl", str(settings.n_gpu_layers)]
-    argv += extra
+    argv += [*extra, *repack_off_args(tools, "llama-perplexity")]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:

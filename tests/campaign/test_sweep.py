@@ -83,8 +83,9 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
     done = cli("sweep", str(campaign(tmp_path, [spaced])), "--quiet", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "llama-server" in done.stdout and "tok/s" in done.stdout
-    trials = study_of(tmp_path).trials
+    trials = [t for t in study_of(tmp_path).trials if "repeat_of" not in t.user_attrs]  # 4 configurations in all
     assert len(trials) == 4 and all(t.user_attrs["outcome"] == "ok" for t in trials)
+    assert len({repr(sorted(t.params.items())) for t in trials}) == 4  # each measured once
     for t in trials:
         assert len(t.user_attrs["tg_samples"]) == 2 and len(t.user_attrs["pp_samples"]) == 2
         assert t.user_attrs["rss_peak_mib"] > 0 and t.user_attrs["engine_cmd"][0].endswith("llama-bench")
@@ -160,7 +161,8 @@ def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_o
     retry = [t for t in trials if t.system_attrs.get("fixed_params") == interrupted.params
              or t.user_attrs.get("retry_of") == interrupted.number]
     assert retry and retry[0].state == optuna.trial.TrialState.COMPLETE and retry[0].params == interrupted.params
-    finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")]
+    finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")
+                and "repeat_of" not in t.user_attrs]  # a configuration suggested again is answered, not run
     assert len(finished) == 4  # the budget counts what was done before the crash
 
 
