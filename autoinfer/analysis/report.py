@@ -20,7 +20,7 @@ from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
-from autoinfer.campaign import store
+from autoinfer.campaign import deploy, store
 from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.pareto import points, tg_pp_front
 from autoinfer.campaign.recommend import Recommendation, recommend
@@ -63,6 +63,29 @@ def placement_label(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
+def no_success_reason(frame: pd.DataFrame) -> str:
+    """'no successful trial' with the most common failure and one of its recorded reasons, counted over the trials
+    that ran (a repeat was answered from an earlier trial, not run)."""
+    frame = frame[frame["outcome"] != "repeat"]
+    failed = frame[frame["outcome"] != "ok"]
+    if failed.empty:
+        return "no successful trial within the constraints"
+    outcome, count = failed["outcome"].value_counts().index[0], int(failed["outcome"].value_counts().iloc[0])
+    reasons = [r for r in failed.loc[failed["outcome"] == outcome, "reason"] if isinstance(r, str) and r]
+    example = f"; e.g. {' '.join(reasons[0].split())[:200]}" if reasons else ""
+    return f"no successful trial: {count} of {len(frame)} ended {outcome}{example}"
+
+
+def _why_no_byte_accounting(frame: pd.DataFrame, ok: pd.DataFrame) -> str:
+    if ok.empty:
+        return no_success_reason(frame)
+    models = sorted({str(m) for m in ok.get("model", pd.Series(dtype=str)).dropna()})
+    missing = [m for m in models if not Path(m).is_file()]
+    if missing:
+        return f"model file(s) not on this machine: {', '.join(Path(m).name for m in missing)}"
+    return f"the GGUF byte accounting of {', '.join(Path(m).name for m in models) or 'the model'} could not be read"
+
+
 def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     """Both placement models on the same trials (those with byte accounting), and the threads model per placement."""
     ok = ok_rows(frame)
@@ -72,7 +95,7 @@ def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     have = all(c in ok.columns for c in features)
     rows = ok.dropna(subset=features) if have else ok.iloc[0:0]
     if rows.empty:
-        reason = "no successful trial has GGUF byte accounting (model file not on this machine)"
+        reason = _why_no_byte_accounting(frame, ok)
         skipped = {"power_law": reason, "bandwidth": reason}
     else:
         for name, call in (("power_law", lambda: F.fit_power_law(rows["cpu_gb"], rows["tg_median"], seed)),
@@ -122,9 +145,11 @@ def importance(study: optuna.Study) -> tuple[dict[str, float], str]:
     """Optuna's PED-ANOVA importance of the searched parameters for the objective (it needs no scikit-learn),
     or an empty dict and the reason it cannot be computed."""
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    names = {k for t in complete for k in t.params}
+    names = {k for t in study.get_trials(deepcopy=False) for k in t.distributions}
     if len(names) < 2:
         return {}, f"only {len(names)} searched parameter(s): nothing to rank"
+    if not complete:
+        return {}, f"no successful trial, so the {len(names)} searched parameters cannot be ranked"
     if len(complete) < 4:
         return {}, f"only {len(complete)} completed trial(s); importance needs at least 4"
     evaluator = optuna.importance.PedAnovaImportanceEvaluator()
@@ -150,6 +175,9 @@ def _finite(value: Any) -> Any:
 def winner_sentence(fitset: FitSet) -> str:
     fits, win = fitset.fits, fitset.winner
     if not fits:
+        reasons = set(fitset.skipped.values())
+        if len(reasons) == 1:  # one cause for every model: say it once
+            return f"No placement model was fitted: {reasons.pop()}."
         return "No placement model was fitted: " + "; ".join(f"{k}: {v}" for k, v in fitset.skipped.items()) + "."
     if len(fits) == 1:
         (name, fit), = fits.items()
@@ -387,6 +415,9 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
     md: list[str] = [f"# autoinfer report: {study.study_name}", "", "## Recommendation", ""]
     rec = recommend(study)
     md += [" ".join(_recommendation(analysis, study, rec)), ""]
+    check = deploy.stored(study)
+    md += ["Deployment check (the recommended `llama-server` command, started once as printed and asked for a "
+           f"completion): {check.line() if check else 'not run (it runs at the end of `autoinfer sweep`)'}.", ""]
 
     md += ["## What explains the speed", "", winner_sentence(fitset), ""]
     if fitset.fits:

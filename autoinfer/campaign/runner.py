@@ -11,7 +11,7 @@ import os
 import random
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import optuna
 from optuna.trial import TrialState
+from rich.console import Console
 
 from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, repeats, store, worker
 from autoinfer.campaign.drift import flagged_trials
@@ -174,6 +175,22 @@ def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | No
     return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
 
 
+def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision, ...]:
+    """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
+    printed once; a campaign that asks for another value of such a setting is refused, since its trials would
+    measure something else than they say."""
+    decisions = tuple(getattr(engine, "decisions", lambda: ())())
+    for d in decisions:
+        asked = campaign.space.get(d.knob)
+        values = asked if isinstance(asked, list) else [] if asked is None else [asked]
+        if any(v != d.value for v in values):
+            raise UserError(f"space.{d.knob}: this machine's llama.cpp build needs {d.knob}={d.value} ({d.reason}); "
+                            f"set {d.knob}: {d.value} or drop it from the space")
+        Console(stderr=True).print(f"decision: every trial runs with {d.knob}={d.value}: {d.reason}",
+                                   markup=False, soft_wrap=True)
+    return decisions
+
+
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
@@ -192,7 +209,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
+    if campaign.engine not in hostlock.ENGINES_WITHOUT_HOST_MEASUREMENT:  # a table's peaks need no GPU here
+        hardware.check_vram_budget(campaign)
     engine.check()
+    decisions = imposed_settings(engine, campaign)
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
     dists = distributions(campaign)
@@ -202,6 +222,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             study = open_study(campaign, name, url)
             machine = hardware.bind(study)
             requeued = reclaim_stale(study, worker.stale_trials(study))
+            if decisions:
+                study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
         aid.enqueue_start(study, dists)
         aid.after_run(study)
@@ -228,8 +250,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
                 params: dict[str, Any] = suggest(trial, dists)
-                config = aid.realize(to_config(campaign, params, models), trial)
+                config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
+                if decisions:
+                    trial.set_user_attr(store.DECISIONS_ATTR, {d.knob: d.value for d in decisions})
                 source = None if repeats.deliberate(trial.user_attrs) else repeats.earlier(
                     study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study), trial.number)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent

@@ -301,6 +301,7 @@ _KNOB_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "expert_split": (lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
                      f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
     "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
+    "repack": (lambda v: v in (0, 1), "0 or 1 (weight repacking off or on), or false/true"),
 }
 
 

@@ -62,7 +62,7 @@ def test_report_flags_more_threads_slower(threads_csv, tmp_path):
     assert (tmp_path / "thread_scaling.svg").exists()
     fits = json.loads((tmp_path / "fits.json").read_text())
     assert fits["threads"][0]["more_threads_slower"] is True
-    assert "no successful trial has GGUF byte accounting" in fits["skipped"]["power_law"]
+    assert fits["skipped"]["power_law"] == "model file(s) not on this machine: m.gguf"
 
 
 def test_report_on_the_seed_data(tmp_path):

@@ -82,7 +82,8 @@ def test_types_needing_an_imatrix_and_quantized_sources_are_refused(llama_tools,
     with pytest.raises(UserError, match="does not exist; pass an existing file, or --imatrix auto"):
         build_ladder(f16_model, ("IQ2_XXS",), out_dir=tmp_path, imatrix=tmp_path / "auto", tools=llama_tools)
     with pytest.raises(UserError, match="has no tokenizer, so llama-imatrix cannot read the corpus"):
-        build_ladder(cached_model("tiny", "F16"), ("IQ2_XXS",), out_dir=tmp_path, imatrix="auto", tools=llama_tools)
+        build_ladder(cached_model("tiny", "F16", tokenizer="none"), ("IQ2_XXS",), out_dir=tmp_path, imatrix="auto",
+                     tools=llama_tools)
     assert not list(tmp_path.iterdir())  # checked before anything was written
     with pytest.raises(UserError, match="already holds quantized weights"):
         build_ladder(ladder[0].path, ("Q4_K_M",), out_dir=tmp_path, tools=llama_tools)
