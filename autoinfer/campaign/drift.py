@@ -26,7 +26,6 @@ import time
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import TrialState
 
 from autoinfer.campaign import store
 from autoinfer.campaign.spec import Campaign, InjectLoad

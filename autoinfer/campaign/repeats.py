@@ -15,10 +15,16 @@ Re-measurements the project makes on purpose carry their own tag (drift: `remeas
 from __future__ import annotations
 
 import random
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.trial import FrozenTrial, TrialState
 
 from autoinfer.campaign import store
@@ -34,7 +40,8 @@ def deliberate(user_attrs: dict[str, Any]) -> bool:
     return any(key in user_attrs for key in DELIBERATE)
 
 
-def earlier(trials: Iterable[FrozenTrial], config: dict[str, Any], flagged: set[int], asking: int) -> FrozenTrial | None:
+def earlier(trials: Iterable[FrozenTrial], config: dict[str, Any], flagged: set[int],
+            asking: int) -> FrozenTrial | None:
     """The latest measurement of exactly this configuration, one not flagged by the drift anchor first; else a trial
     of it that another worker is running (other than `asking`, the trial being decided)."""
     trials = list(trials)

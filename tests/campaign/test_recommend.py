@@ -19,7 +19,12 @@ from typer.testing import CliRunner
 from autoinfer.analysis.report import analyze
 from autoinfer.campaign import store
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, decide
-from autoinfer.campaign.drift import DRIFT_ATTR, DriftAnchor, busy_verdict, flagged_trials
+from autoinfer.campaign.drift import (
+    DRIFT_ATTR,
+    DriftAnchor,
+    busy_verdict,
+    flagged_trials,
+)
 from autoinfer.campaign.progress import SweepProgress
 from autoinfer.campaign.recommend import Run, recommend
 from autoinfer.campaign.recommend import decide as recommend_from
@@ -110,8 +115,8 @@ def test_every_view_gives_the_same_recommendation(tmp_path, monkeypatch, confirm
 
 
 def test_the_notebook_gives_the_same_recommendation(tmp_path, monkeypatch):
-    from nbclient import NotebookClient
     import nbformat
+    from nbclient import NotebookClient
 
     campaign = _campaign()
     study = _study(campaign, "nbrec")
@@ -165,8 +170,8 @@ def test_a_reference_measured_on_a_busy_machine_is_replaced_and_the_slow_trial_i
     study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf", "threads": 1}, "anchors": [], "from_trial": 0})
     scores = iter([40.0, 2400.0, 2410.0])
     notes: list[str] = []
-    anchor = DriftAnchor(study, campaign, lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3),
-                         notes.append)
+    anchor = DriftAnchor(study, campaign,
+                         lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3), notes.append)
     anchor.measure_reference(after_trial=0)
     for threads, tg in zip((2, 3, 4, 5), (2250.0, 2376.0, 2300.0, 2330.0)):
         _add(study, threads, [tg] * 3, 30.0)
