@@ -200,14 +200,15 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
 
 
 def summary(record: dict[str, Any]) -> str:
-    """The confirmed winner and why, and the leader against each other finalist as hyperfine says it."""
+    """The confirmed winner, and the leader against each other finalist as hyperfine says it (the record's `why`
+    says why the winner was chosen)."""
     if record.get("recommended") is None:
         return "confirmation: no finalist ran successfully twice; no confirmed winner"
     by_trial = {f["trial"]: f for f in record["finalists"]}
     rec = by_trial[record["recommended"]]
     ci = f", 95% CI {rec['ci'][0]:.2f}–{rec['ci'][1]:.2f}" if rec.get("ci") else ""
     lines = [f"confirmed over {record['rounds']} interleaved rounds: trial {rec['trial']}, median {rec['median']:.2f}"
-             f"{ci}; {record.get('why') or ''}".rstrip("; ")]
+             f"{ci}"]
     for c in record["comparisons"]:
         lines.append("  " + ratio_line(record["leader"], c["trial"], c["ratio"], c["ratio_ci"])
                      + ("" if c["differ_holm"] else f" (not different at alpha={record['alpha']})"))

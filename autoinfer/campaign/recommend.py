@@ -5,8 +5,9 @@ A single trial is one process's measurement, and a process can land in a fast or
 configuration is judged on all of its trustworthy measurements together: its trials not flagged by the drift
 anchor (tagged re-measurements included) and the anchor's own good runs when the anchor is that configuration. Its
 speed is the median of those runs' objective values. The interleaved confirmation, when it ran, decides; unless
-most of its finalists measured outside the band of their own search measurements (widened by drift.threshold):
-then the machine was in another state while it ran, and the search's answer stands, with the reason said.
+most of its finalists measured more than CONTRADICTION× away from every search run of the same configuration (a
+process lands up to ±40% off on a small VM; beyond twice that the machine was in another state, as when another
+program loaded it during the confirmation): then the search's answer stands, with the reason said.
 
 The logic takes plain inputs (Run, the confirmation record) so it does not depend on how trials are stored.
 """
@@ -28,7 +29,7 @@ from autoinfer.campaign.confirm import CONFIRMED_ATTR, lighter_alternative
 from autoinfer.campaign.drift import DRIFT_ATTR, busy_verdict, flagged_trials
 from autoinfer.measure.stats import bootstrap_ci
 
-DEFAULT_THRESHOLD = 0.2  # drift.threshold's default, for imported studies without a campaign
+CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
 
 
 @dataclass(frozen=True)
@@ -157,29 +158,27 @@ def _ci(config: _Config) -> tuple[float, float] | None:
     return bootstrap_ci(config.samples) if len(config.samples) >= 2 else None
 
 
-def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[int, str],
-                 threshold: float) -> list[int]:
-    """Finalists whose confirmed median lies outside the band of their own search measurements (their range widened
-    by `threshold`)."""
+def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[int, str]) -> list[int]:
+    """Finalists whose confirmed median lies more than CONTRADICTION× away from all of their search measurements."""
     by_key = {c.key: c for c in configs}
     out = []
     for f in record.get("finalists", []):
         own = by_key.get(keys.get(f["trial"], ""))
         if f.get("median") is None or own is None:
             continue
-        if not min(own.scores) * (1 - threshold) <= f["median"] <= max(own.scores) * (1 + threshold):
+        if not min(own.scores) / CONTRADICTION <= f["median"] <= max(own.scores) * CONTRADICTION:
             out.append(f["trial"])
     return out
 
 
 def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, str], configs_of: dict[int, dict],
-           *, threshold: float = DEFAULT_THRESHOLD, memory_tolerance: float = 0.02,
+           *, memory_tolerance: float = 0.02,
            busy: str | None = None, unit: str = "") -> Recommendation | None:
     """The recommendation from plain inputs: the trustworthy runs, the confirmation record (or None), each trial's
     configuration key and configuration."""
     configs = _configs(runs)
     if record and record.get("recommended") is not None:
-        against = contradicted(record, configs, keys, threshold)
+        against = contradicted(record, configs, keys)
         judged = [f for f in record["finalists"] if f.get("median") is not None]
         if len(against) * 2 <= len(judged):
             rec = next(f for f in record["finalists"] if f["trial"] == record["recommended"])
@@ -189,9 +188,9 @@ def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, s
                 len(rec["scores"]), rec.get("memory_mib"), rec.get("memory_kind", "none"), True,
                 record.get("why") or "confirmed by interleaved re-measurement",
                 Alternative(**alt) if alt else None, busy, unit)
-        why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured outside the "
-                   f"range of their own search runs (±{threshold:.0%}), so the machine was in another state "
-                   f"while it ran; ")
+        why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured more than "
+                   f"{CONTRADICTION:g}× away from all of their own search runs, so the machine was in another state "
+                   "while it ran; ")
     else:
         why_not = "not confirmed; " if record is None else "the confirmation had no winner; "
     if not configs:
@@ -216,7 +215,6 @@ def recommend(study: optuna.Study) -> Recommendation | None:
     return decide(runs, study.user_attrs.get(CONFIRMED_ATTR),
                   {t.number: config_key(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs},
                   {t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
-                  threshold=campaign.drift.threshold if campaign else DEFAULT_THRESHOLD,
                   memory_tolerance=campaign.confirm.memory_tolerance if campaign else 0.02,
                   busy=busy_verdict(study), unit="tok/s" if set(weights) in ({"tg"}, {"pp"}) else "")
 

@@ -154,8 +154,8 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
         console.print(f"\n[bold red]busy machine:[/bold red] {rec.busy}", highlight=False)
     console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
     console.print(f"  {rec.why}", markup=False, highlight=False)
-    if best.confirmation:
-        console.print(f"  {summary(best.confirmation)}", markup=False, highlight=False)
+    if confirmed := study.user_attrs.get(CONFIRMED_ATTR):
+        console.print(f"  {summary(confirmed)}", markup=False, highlight=False)
     console.print(f"  objective:        {_speed(rec)}")
     console.print(f"  generation tok/s: {measured(t, best.confirmation, 'tg')}")
     console.print(f"  prompt tok/s:     {measured(t, best.confirmation, 'pp')}")
