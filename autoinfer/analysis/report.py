@@ -64,7 +64,9 @@ def placement_label(row: pd.Series) -> str:
 
 
 def no_success_reason(frame: pd.DataFrame) -> str:
-    """'no successful trial' with the most common failure and one of its recorded reasons."""
+    """'no successful trial' with the most common failure and one of its recorded reasons, counted over the trials
+    that ran (a repeat was answered from an earlier trial, not run)."""
+    frame = frame[frame["outcome"] != "repeat"]
     failed = frame[frame["outcome"] != "ok"]
     if failed.empty:
         return "no successful trial within the constraints"

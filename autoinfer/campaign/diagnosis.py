@@ -63,7 +63,8 @@ def _cause(trial: FrozenTrial) -> tuple[str, str]:
 def diagnose(study: optuna.Study) -> Diagnosis | None:
     """None while some trial succeeded or none finished; otherwise the most common failure and its fix."""
     finished = [t for t in study.get_trials(deepcopy=False)
-                if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) and "outcome" in t.user_attrs]
+                if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+                and t.user_attrs.get("outcome", "repeat") != "repeat"]  # a repeat was answered from another trial
     if not finished or any(t.user_attrs.get("outcome") == "ok" and t.state is TrialState.COMPLETE
                            for t in finished):
         return None

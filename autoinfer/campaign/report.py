@@ -11,6 +11,7 @@ from rich.table import Table
 
 from autoinfer.campaign import deploy, store
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, finalists, summary
+from autoinfer.campaign.diagnosis import diagnose
 from autoinfer.campaign.drift import status_line
 from autoinfer.campaign.recommend import Recommendation, as_best, recommend
 from autoinfer.export.formats import LLAMA_ENGINES, render
@@ -70,8 +71,11 @@ def print_status(console: Console, study: optuna.Study) -> None:
     if rec is not None and rec.busy:
         table.add_row("[bold red]busy machine[/bold red]", rec.busy)
     table.add_row("deployment check", deployment_line(deploy.stored(study), rec))
+    for imposed in study.user_attrs.get(store.DECISIONS_ATTR, []):
+        table.add_row("imposed on every trial", f"{imposed['knob']}={imposed['value']}: {imposed['reason']}")
     if rec is None:
-        table.add_row("recommended", "no feasible successful trial yet")
+        failed = diagnose(study)
+        table.add_row("recommended", f"none: {failed.line()}" if failed else "no feasible successful trial yet")
     else:
         t = study.trials[rec.trial]
         table.add_row("recommended", f"trial {t.number}: {_params(t.params)}")

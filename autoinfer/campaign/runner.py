@@ -36,8 +36,6 @@ from autoinfer.paths import default_storage, trial_dir
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-#: Study attribute: the settings the engine imposed on every trial and why; trial attribute: those settings.
-DECISIONS_ATTR = "imposed_settings"
 # Keys whose change makes a stored study a different campaign (budgets may change between runs).
 _IDENTITY_KEYS = ("engine", "model", "space", "objective", "measure", "constraints")
 
@@ -224,7 +222,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             machine = hardware.bind(study)
             requeued = reclaim_stale(study, worker.stale_trials(study))
             if decisions:
-                study.set_user_attr(DECISIONS_ATTR, [asdict(d) for d in decisions])
+                study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
         aid.enqueue_start(study, dists)
         aid.after_run(study)
@@ -253,7 +251,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
                 if decisions:
-                    trial.set_user_attr(DECISIONS_ATTR, {d.knob: d.value for d in decisions})
+                    trial.set_user_attr(store.DECISIONS_ATTR, {d.knob: d.value for d in decisions})
                 source = None if repeats.deliberate(trial.user_attrs) else repeats.earlier(
                     study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study))
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent

@@ -26,6 +26,9 @@ CAMPAIGN_ATTR = "campaign"
 MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
+#: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
+#: trial attribute: those settings.
+DECISIONS_ATTR = "imposed_settings"
 DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
 

@@ -346,7 +346,7 @@ def checked(tools: Tools, console: Console, *, smoke_again: bool = False) -> Too
         if record.verdict != "ok":
             console.print(f"decision: {record.decision} (recorded in {smoke.record_path(tools)})", soft_wrap=True,
                           markup=False)
-    if record.verdict == "ok":
+    if record.verdict in ("ok", "unverified"):
         return tools
     if record.repack_off:
         return replace(tools, repack_off=True, decision=record.decision)
@@ -362,28 +362,26 @@ def features_to_leave_out(record: smoke.SmokeRecord) -> list[tuple[str, ...]]:
 
 
 def _fallback(tools: Tools, record: smoke.SmokeRecord, console: Console) -> Tools:
-    failure = record.failures[0]
-    if failure.signal is None:  # not a CPU-feature crash: nothing to rebuild around
-        raise UserError(f"llama.cpp in {tools.bin_dir} cannot run the tiny {failure.qtype} model ({failure.reason}); "
-                        "see `autoinfer doctor` and the smoke record " + str(smoke.record_path(tools)))
+    failure = next(r for r in record.failures if r.signal)
     made = next((b for b in cached_builds() if b.path == tools.bin_dir.parent), None)
+    also = " even with --repack 0" if any(r.repack == 0 for r in record.failures) else ""
     if made is None:
-        flags = " ".join(f"-D{f}" for f in variant_flags(cpu_flags(), ("amx",))) if cpu_flags() else "-DGGML_NATIVE=OFF"
-        raise UserError(f"llama-bench in {tools.bin_dir} crashes on {failure.qtype} weights even with --repack 0 "
-                        f"({failure.reason}); rebuild it with {flags}, or drop --llama-bin/{ENV_VAR} so `autoinfer build` "
-                        "makes one")
+        host = cpu_flags()
+        flags = " ".join(f"-D{f}" for f in variant_flags(host, ("amx",))) if host & {"avx"} else "-DGGML_NATIVE=OFF"
+        raise UserError(f"llama-bench in {tools.bin_dir} crashes on {failure.qtype} weights{also} ({failure.reason}); "
+                        f"rebuild it with {flags}, or drop --llama-bin/{ENV_VAR} so `autoinfer build` makes one")
     for off in features_to_leave_out(record):
         if set(off) <= set(made.cpu_features_off):
             continue
         console.print(f"decision: rebuilding llama.cpp {made.commit} without {' and '.join(o.upper() for o in off)} "
-                      f"(GGML_NATIVE=OFF, explicit ISA options) because {failure.qtype} crashes even with repack off: "
+                      f"(GGML_NATIVE=OFF, explicit ISA options) because {failure.qtype} crashes{also}: "
                       f"{failure.reason}", soft_wrap=True, markup=False)
         return build(None if made.from_pinned_sdist else Path(made.source), cuda=made.cuda, cuda_arch=made.cuda_arch,
                      console=console, cpu_features_off=tuple(sorted({*made.cpu_features_off, *off})),
                      fallback_reason=f"{made.key}: {failure.reason}")
-    raise UserError(f"llama.cpp {made.commit} crashes on {failure.qtype} weights even without "
-                    f"{', '.join(made.cpu_features_off).upper()} and with repack off ({failure.reason}); "
-                    "build llama.cpp for this CPU yourself and pass --llama-bin")
+    raise UserError(f"llama.cpp {made.commit} crashes on {failure.qtype} weights{also} even built without "
+                    f"{' and '.join(made.cpu_features_off).upper() or 'the features it could leave out'} "
+                    f"({failure.reason}); build llama.cpp for this CPU yourself and pass --llama-bin")
 
 
 def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], cuda: bool, cuda_arch: str | None,

@@ -7,7 +7,9 @@ weight repacking on (llama.cpp's default); a type that crashes is run again with
 - ok: every type runs as built;
 - repack_off: some crash with repacking and all run without it, so every engine that has the knob runs with repack
   off (a visible decision, recorded here, on the study and on every trial's configuration);
-- broken: some crash even without repacking; llama.build then rebuilds without the failing CPU feature.
+- broken: some crash even without repacking; llama.build then rebuilds without the failing CPU feature;
+- unverified: some fail without a crash (a build too old to load the tiny qwen35moe model): it is used as it is,
+  and the decision says so.
 The record is kept beside the build's build.json (smoke.json), or under cache_dir()/smoke/ for binaries the user
 built, and is re-made when the binary changes.
 """
@@ -59,7 +61,7 @@ class SmokeRecord:
     binary_id: str
     version: int
     runs: tuple[TypeRun, ...]
-    verdict: str  # "ok" | "repack_off" | "broken"
+    verdict: str  # "ok" | "repack_off" | "broken" | "unverified"
     decision: str
     at: float
 
@@ -89,7 +91,7 @@ class SmokeRecord:
         return json.dumps(asdict(self), indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "SmokeRecord":
+    def from_json(cls, text: str) -> SmokeRecord:
         data = json.loads(text)
         data["runs"] = tuple(TypeRun(**r) for r in data["runs"])
         return cls(**data)
@@ -188,6 +190,10 @@ def _verdict(tools: Tools, runs: tuple[TypeRun, ...]) -> SmokeRecord:
         decision = (f"weight repacking crashes this build ({', '.join(r.qtype for r in failed_on)}: {first.reason}) "
                     "and every type runs with it off: every engine that has the knob runs with repack off "
                     "(llama-bench --repack 0, llama-server --no-repack)")
+    elif not any(r.signal for r in left):
+        verdict = "unverified"
+        decision = (f"the smoke run could not run {', '.join(r.qtype for r in left)} ({left[0].reason}), without a "
+                    "crash; the build is used as it is, and trials on such models will show why they fail")
     else:
         verdict = "broken"
         decision = (f"{', '.join(r.qtype for r in left)} fail even with repack off ({left[0].reason}); "

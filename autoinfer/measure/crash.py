@@ -17,9 +17,9 @@ import shutil
 import signal as signals
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 #: What each fatal signal means for a measured program, in words a user can act on.
 MEANINGS = {
@@ -40,7 +40,7 @@ _GLIBC_FRAME = re.compile(r"(?P<lib>[\w.+-]+\.so[\d.]*)\((?P<sym>[^+)]+)\+0x[0-9
 _GDB_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-fA-F]+\s+in\s+)?(?P<sym>[^\s(][^(]*?)\s*\(.*?\)(?:\s+(?:at|from)\s+"
                         r"(?P<lib>\S+))?")
 # Kernel lines: 6.x prints "lib.so[OFFSET,BASE+SIZE]", older kernels "lib.so[BASE+SIZE]".
-#: The kernel log's clock runs slightly behind CLOCK_BOOTTIME in VMs; a fault up to this long "before" the start counts.
+#: The kernel log's clock runs slightly behind CLOCK_MONOTONIC in VMs; a fault up to this long "before" the start counts.
 _CLOCK_SLACK_S = 2.0
 _KERNEL_LINE = re.compile(r"^\[\s*(?P<ts>\d+\.\d+)\]\s+(?:traps:\s+)?(?P<comm>.{1,15}?)\[(?P<tid>\d+)\]:?\s+"
                           r"(?P<what>.*?)\s+ip[: ](?P<ip>[0-9a-fA-F]+).*?\bin\s+(?P<lib>[^\s\[]+)"
@@ -122,8 +122,9 @@ def kernel_log() -> list[str]:
 
 
 def boot_seconds() -> float:
-    """Now on the kernel log's clock (seconds since boot), to tell this run's fault from older ones."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
+    """Now on the kernel log's clock, to tell this run's fault from older ones: printk stamps lines with the
+    scheduler clock, which like CLOCK_MONOTONIC counts from boot and stops during suspend (CLOCK_BOOTTIME does not)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
 def kernel_component(lines: Iterable[str], program: str, since_s: float,

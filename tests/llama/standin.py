@@ -4,7 +4,8 @@ On an Intel VM whose CPU advertises AMX, a -march=native llama.cpp build dies wi
 repacked quantized weights; F16 weights and `--repack 0` run. The stand-in does the same: it is a script placed
 first in a folder that otherwise links to the real build, and it kills itself with signal 4 (SIGILL) when the model
 is quantized and the run repacks it (mode "repack"), for every quantized run (mode "always"), or for every quantized
-run that is not a one-repetition smoke run (mode "trials"). Every other call execs the real llama-bench, so
+run that is not a one-repetition smoke run (mode "trials"); mode "refuse" fails to load quantized models without a
+crash, like a build too old for the model. Every other call execs the real llama-bench, so
 --help, --version and the runs that survive are the real binary's.
 """
 
@@ -28,6 +29,9 @@ found = re.search(r"-([A-Z0-9_]+)-(?:none|qwen35)-s\\d+\\.gguf$", value("-m", ""
 quantized = found is not None and found.group(1) not in ("F16", "F32", "BF16")
 repack = value("--repack", "1") != "0"
 crash = quantized and (MODE == "always" or (MODE == "repack" and repack) or (MODE == "trials" and value("-r", "5") != "1"))
+if quantized and MODE == "refuse":  # a build that cannot load the model: an error, no crash
+    sys.stderr.write("llama_model_load: error loading model: unknown model architecture\\n")
+    sys.exit(1)
 if crash:
     sys.stderr.write("load_tensors:          AMX model buffer size =     0.30 MiB\\n")
     sys.stderr.flush()

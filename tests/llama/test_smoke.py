@@ -21,25 +21,38 @@ from standin import make_standin
 from typer.testing import CliRunner
 
 from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-from autoinfer.campaign.runner import DECISIONS_ATTR, sweep
+from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
+from autoinfer.campaign.store import DECISIONS_ATTR
 from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.llama import smoke
 from autoinfer.llama.binaries import ENV_VAR, user_tools
-from autoinfer.llama.build import (BASE_FLAGS, build_key, checked, features_to_leave_out, variant_flags,
-                                   working_tools)
+from autoinfer.llama.build import (
+    BASE_FLAGS,
+    build_key,
+    checked,
+    features_to_leave_out,
+    variant_flags,
+    working_tools,
+)
 from autoinfer.paths import default_storage
 
 REPO = Path(__file__).resolve().parents[2]
 #: /proc/cpuinfo flags of the Xeon VM where the crash was seen (the x86 part that matters here).
-AMX_VM_FLAGS = frozenset("sse4_2 f16c fma bmi2 avx avx2 avx_vnni avx512f avx512cd avx512vl avx512dq avx512bw "
-                         "avx512vbmi avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16".split())
+AMX_VM_FLAGS = frozenset(["sse4_2", "f16c", "fma", "bmi2", "avx", "avx2", "avx_vnni", "avx512f", "avx512cd",
+                          "avx512vl", "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16", "amx_tile",
+                          "amx_int8", "amx_bf16"])
 
 
 def _console() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
     return Console(file=out, width=400), out
+
+
+def _flat(text: str) -> str:
+    """A rich table's text with its borders and line wraps taken out."""
+    return " ".join(re.sub(r"[│┃|─━┏┓┗┛┡┩└┘┌┐╇╈┼]", " ", text).split())
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +131,8 @@ def test_a_sweep_on_the_crashing_build_runs_every_trial_with_repack_off(repack_s
     assert exported.exit_code == 0 and "--repack 0" in exported.output
     server = CliRunner().invoke(app, ["export", "--study", "standin", "--format", "server"])
     assert "--no-repack" in server.output or " -nr" in server.output
+    status = _flat(CliRunner().invoke(app, ["status", "--study", "standin"]).output)
+    assert "imposed on every trial repack=0: weight repacking crashes this build" in status
     asking = campaign.model_copy(update={"name": "asks", "space": {**campaign.space, "repack": [0, 1]}})
     with pytest.raises(UserError, match="space.repack: this machine's llama.cpp build needs repack=0"):
         sweep(asking, progress=False)
@@ -132,6 +147,15 @@ def test_user_binaries_that_crash_even_without_repack_get_the_rebuild_flags(llam
     record = smoke.load(tools)
     assert record.verdict == "broken" and "fail even with repack off" in record.decision
     assert "decision:" in out.getvalue()
+
+
+def test_a_build_that_fails_without_a_crash_is_used_as_it_is_and_says_so(llama_tools, tmp_path):
+    tools = user_tools(make_standin(tmp_path / "refuse", llama_tools, "refuse"))
+    console, out = _console()
+    assert checked(tools, console) == tools
+    record = smoke.load(tools)
+    assert record.verdict == "unverified" and "unknown model architecture" in record.decision
+    assert "decision: the smoke run could not run Q8_0" in out.getvalue()
 
 
 def test_fallback_build_flags_leave_out_amx_and_get_their_own_cache_key():
@@ -183,10 +207,11 @@ def test_a_campaign_whose_trials_all_crash_exits_3_with_a_diagnosis(llama_tools,
         assert "illegal instruction" in t.user_attrs["reason"]
     line = diagnose(study).line()
     exported = subprocess.run([sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study",
-                               "doomed"], capture_output=True, text=True, timeout=120)
+                               "doomed"], check=False, capture_output=True, text=True, timeout=120)
     assert exported.returncode == 2 and line in exported.stderr and "Traceback" not in exported.stderr
     analysed = runner.invoke(app, ["analyze", "--study", "doomed", "--out", str(tmp_path / "report")])
     assert line in analysed.output
+    assert f"recommended none: {_flat(line)}" in _flat(runner.invoke(app, ["status", "--study", "doomed"]).output)
 
 
 def test_doctor_shows_the_smoke_run(repack_standin, monkeypatch):
