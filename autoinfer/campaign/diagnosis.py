@@ -47,6 +47,8 @@ class Diagnosis:
     fix: str
 
     def line(self) -> str:
+        if self.failed == 1:
+            return f"its only trial failed: {self.cause} ({self.example}); fix: {self.fix}"
         return (f"all {self.failed} trials failed; most common: {self.cause} in {self.count} of them "
                 f"({self.example}); fix: {self.fix}")
 

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import yaml
 from rich.console import Console
-from standin import make_standin
+from standin import COMPONENT, make_standin
 from typer.testing import CliRunner
 
 from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
@@ -36,6 +36,7 @@ from autoinfer.llama.build import (
     variant_flags,
     working_tools,
 )
+from autoinfer.measure.crash import kernel_log
 from autoinfer.paths import default_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,9 +203,13 @@ def test_a_campaign_whose_trials_all_crash_exits_3_with_a_diagnosis(llama_tools,
     assert "all 2 trials failed; most common: crash (SIGILL) in 2 of them" in swept.output
     assert "autoinfer build" in swept.output and "repack: 0" in swept.output
     study = optuna.load_study(study_name="doomed", storage=default_storage())
+    readable = any("[" in line for line in kernel_log())
     for t in study.get_trials():
         assert t.user_attrs["metrics"]["signal"] == "SIGILL"
         assert "illegal instruction" in t.user_attrs["reason"]
+        if readable and (tmp_path / "trials" / "libamxstandin.so").exists():  # a real fault the kernel logged
+            assert t.user_attrs["metrics"]["faulting_component"] == COMPONENT
+            assert f"in {COMPONENT} (from the kernel log)" in t.user_attrs["reason"]
     line = diagnose(study).line()
     exported = subprocess.run([sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study",
                                "doomed"], check=False, capture_output=True, text=True, timeout=120)
