@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact, redact_url
 from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
@@ -39,9 +40,9 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage:
 
         return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
-        raise UserError(f"cannot open storage {url!r}: {exc}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}") from None
     except Exception as exc:  # sqlalchemy connection errors
-        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
 
 
 def load_study(name: str | None, storage: str | None) -> optuna.Study:
@@ -49,11 +50,11 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     store = storage_for(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if not names:
-        raise UserError(f"no study in {storage or default_storage()}; run `autoinfer sweep` first")
+        raise UserError(f"no study in {redact_url(storage or default_storage())}; run `autoinfer sweep` first")
     if name is None:
         name = names[-1]
     elif name not in names:
-        raise UserError(f"no study {name!r} in {storage or default_storage()}; studies there: {', '.join(names)}")
+        raise UserError(f"no study {name!r} in {redact_url(storage or default_storage())}; studies there: {', '.join(names)}")
     return optuna.load_study(study_name=name, storage=store)
 
 
