@@ -187,10 +187,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
+    dists = distributions(campaign)  # every range checked before the engine builds or loads anything
     engine.check()
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
-    dists = distributions(campaign)
 
     with sqlite_single_worker(url, name):
         with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
@@ -59,8 +60,16 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
 
 
 def stored_campaign(study: optuna.Study) -> Campaign | None:
+    """The campaign the study was made with; UserError when the stored copy cannot be read."""
     text = study.user_attrs.get(CAMPAIGN_ATTR)
-    return Campaign.from_json(text) if text else None
+    if not text:
+        return None
+    try:
+        return Campaign.from_json(text)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise UserError(f"study {study.study_name!r}: its stored campaign cannot be read "
+                        f"({str(exc).splitlines()[0]}); start a new study with `autoinfer sweep FILE --study NEW_NAME`") \
+            from None
 
 
 def outcome_of(trial: FrozenTrial) -> str:
