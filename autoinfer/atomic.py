@@ -42,8 +42,8 @@ def write_bytes(path: Path | str, data: bytes) -> Path:
     return Path(path)
 
 
-def write_text(path: Path | str, text: str, encoding: str = "utf-8") -> Path:
-    return write_bytes(path, text.encode(encoding))
+def write_text(path: Path | str, text: str, encoding: str = "utf-8", errors: str = "strict") -> Path:
+    return write_bytes(path, text.encode(encoding, errors))
 
 
 def _read_umask() -> int:

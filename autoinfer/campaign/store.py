@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
 from autoinfer.campaign.spec import Campaign
+from autoinfer import atomic
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.store.redact import redact, redact_url
@@ -151,10 +152,10 @@ def elapsed_s(study: optuna.Study, since: datetime | None = None) -> float:
 def write_run_files(folder: Path, m: Measurement) -> Path:
     """stdout, stderr, raw engine output and the command line of one engine run, as files."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stdout.txt").write_text(m.stdout)
-    (folder / "stderr.txt").write_text(m.stderr)
-    (folder / "raw_output.txt").write_text(m.raw_output)
-    (folder / "command.txt").write_text(shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
+    atomic.write_text(folder / "stdout.txt", m.stdout, errors="replace")
+    atomic.write_text(folder / "stderr.txt", m.stderr, errors="replace")
+    atomic.write_text(folder / "raw_output.txt", m.raw_output, errors="replace")
+    atomic.write_text(folder / "command.txt", shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
     return folder
 
 
