@@ -47,7 +47,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)  # one line, always
         sys.exit(2)
     except typer.Abort:
         print("aborted", file=sys.stderr)

@@ -412,7 +412,7 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
     names = [_ALIASES.get(h.strip().lower(), h.strip()) for h in header]
     if not {"tg", "pp"} & set(names):
         raise UserError(f"{path}: no tg or pp column (also accepted: tok_s, tg_tok_s, pp_tok_s); "
-                        f"columns are {', '.join(header)}")
+                        f"columns are {', '.join(repr(h)[1:-1] for h in header)[:300]}")
     rows: list[ImportedRow] = []
     junk: list[JunkRow] = []
     outcomes = {o.value for o in Outcome}

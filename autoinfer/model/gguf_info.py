@@ -183,7 +183,8 @@ def _open(path: Path) -> GGUFHeader:
     try:
         return read_header(path)
     except GGUFFormatError as exc:
-        raise UserError(f"{path}: corrupt or truncated GGUF: {exc}; re-download or re-create it") from None
+        detail = repr(str(exc))[1:-1]  # names read from the file may hold newlines or control characters
+        raise UserError(f"{path}: corrupt or truncated GGUF: {detail}; re-download or re-create it") from None
 
 
 def read_info(path: Path | str) -> ModelInfo:
