@@ -408,7 +408,9 @@ def read_generic_csv(path: Path, text: str) -> ImportResult:
 
 def _read_generic_csv(path: Path, text: str) -> ImportResult:
     reader = csv.reader(io.StringIO(text.replace("\x00", "")))
-    header = next(reader)
+    header = next(reader, None)
+    if not header:
+        raise UserError(f"{path}: no header row; the first line must name the columns (tg, pp, parameters)")
     names = [_ALIASES.get(h.strip().lower(), h.strip()) for h in header]
     if not {"tg", "pp"} & set(names):
         raise UserError(f"{path}: no tg or pp column (also accepted: tok_s, tg_tok_s, pp_tok_s); "

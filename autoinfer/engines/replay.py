@@ -11,6 +11,7 @@ model so the memory model can be used on the table without the GGUF.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -49,11 +50,20 @@ def read_table(path: Path) -> pd.DataFrame:
             df[column] = df[column].astype(str)
     for column in ("tg", "pp", "vram_mib", "rss_mib", "wall_s"):
         if column in df and not pd.api.types.is_numeric_dtype(df[column]):
-            bad = next(v for v in df[column] if not isinstance(v, (int, float)) and _not_number(v))
-            raise UserError(f"replay table {path}: column {column!r} holds {str(bad)[:40]!r}, not a number; "
-                            "give tok/s and MiB as numbers")
+            bad = [v for v in df[column].dropna() if _not_number(v)]
+            if bad:
+                raise UserError(f"replay table {path}: column {column!r} holds {str(bad[0])[:40]!r}, not a number; "
+                                "give tok/s and MiB as numbers")
+            df[column] = [float(str(v)) for v in df[column]]  # long digit strings become inf, refused below
         if column in df and not np.isfinite(df[column].dropna().to_numpy(dtype=float)).all():
             raise UserError(f"replay table {path}: column {column!r} holds an infinite value; give finite numbers")
+        if column in df and (df[column].dropna() < 0).any():
+            raise UserError(f"replay table {path}: column {column!r} holds a negative value; rates and MiB are >= 0")
+    if "outcome" in df:
+        known = {o.value for o in Outcome}
+        bad = [v for v in df["outcome"].dropna() if str(v) not in known]
+        if bad:
+            raise UserError(f"replay table {path}: outcome {str(bad[0])[:40]!r} is not one of {', '.join(sorted(known))}")
     for column in ("tg_samples", "pp_samples"):
         if column in df:
             for value in df[column].dropna():
@@ -72,7 +82,8 @@ def _not_number(value: object) -> bool:
 
 
 def _not_number_list(value: object) -> bool:
-    return not isinstance(value, str) or any(_not_number(v) for v in value.split())
+    """Not a space-separated list of finite, non-negative numbers."""
+    return not isinstance(value, str) or any(_not_number(v) or not 0 <= float(v) < math.inf for v in value.split())
 
 
 PER_GPU_COLUMN = re.compile(r"vram_gpu(\d+)_mib")
