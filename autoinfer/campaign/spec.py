@@ -122,6 +122,17 @@ class Confirm(_Strict):
     test: Literal["mannwhitney", "welch"] = "mannwhitney"
     # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
     memory_tolerance: float = Field(0.02, ge=0, lt=1)
+    # memory breaks a tie only between finalists whose medians are within this fraction of the leader's
+    speed_tolerance: float = Field(0.02, ge=0, lt=1)
+    # more interleaved rounds while the leader/runner-up ratio's 95% CI is wider than ±precision, up to max_rounds
+    precision: float = Field(0.03, gt=0, lt=1)
+    max_rounds: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _rounds_within_cap(self) -> "Confirm":
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds {self.max_rounds} is below rounds {self.rounds}; raise max_rounds")
+        return self
 
 
 class Drift(_Strict):
@@ -296,6 +307,7 @@ _KNOB_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "expert_split": (lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
                      f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
     "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
+    "repack": (lambda v: v in (0, 1), "0 or 1 (weight repacking off or on), or false/true"),
 }
 
 

@@ -29,6 +29,9 @@ CAMPAIGN_ATTR = "campaign"
 MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
+#: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
+#: trial attribute: those settings.
+DECISIONS_ATTR = "imposed_settings"
 DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
 
@@ -86,6 +89,16 @@ def is_finished(trial: FrozenTrial) -> bool:
     recorded without a measurement (predicted over the memory budget, over max_kld, refused by the engine)."""
     return (trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
             and not trial.user_attrs.get(UNMEASURED_ATTR))
+
+
+def is_remeasurement(trial: FrozenTrial | optuna.Trial) -> bool:
+    """A configuration queued again because the drift anchor flagged its measurement: it is measured before the
+    campaign ends and does not count against the trial budget."""
+    return "remeasure_of" in trial.user_attrs
+
+
+def waiting_remeasurements(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if t.state == TrialState.WAITING and is_remeasurement(t)]
 
 
 def is_feasible_ok(trial: FrozenTrial) -> bool:
@@ -183,16 +196,3 @@ class Best:
     config: TrialConfig
     value: float
     confirmation: dict[str, Any] | None = None  # the study's `confirmed` record when this is its recommendation
-
-
-def best_trial(study: optuna.Study, weights: dict[str, float]) -> Best | None:
-    """The feasible OK trial with the highest objective (drift-flagged trials left out)."""
-    best: Best | None = None
-    flagged = set(study.user_attrs.get(DRIFT_FLAGGED_ATTR, []))
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not is_feasible_ok(t) or t.number in flagged:
-            continue
-        value = score({"tg": samples_of(t, "tg"), "pp": samples_of(t, "pp"), "kld": kld_of(t)}, weights)
-        if value is not None and (best is None or value > best.value):
-            best = Best(t, config_of(t), value)
-    return best

@@ -155,8 +155,9 @@ def stale_trials(study: optuna.Study) -> list[FrozenTrial] | None:
 
 
 def counted(trial: FrozenTrial) -> bool:
-    """A trial that uses up the budget: finished and counted by the store, or running somewhere now."""
-    return trial.state == TrialState.RUNNING or store.is_finished(trial)
+    """A trial that uses up the budget: finished and counted by the store, or running somewhere now; a drift
+    re-measurement never does."""
+    return (trial.state == TrialState.RUNNING or store.is_finished(trial)) and not store.is_remeasurement(trial)
 
 
 def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:
@@ -194,7 +195,7 @@ class SharedBudget:
                 trials = self._reclaimed_trials()
                 used = sum(1 for t in trials if counted(t))
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-                if used < self.trials:
+                if used < self.trials or store.waiting_remeasurements(trials):
                     with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
                         trial = self.study.ask(dists)

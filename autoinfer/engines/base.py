@@ -104,6 +104,23 @@ class TrialConfig:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A setting an engine imposes on every trial, and why: e.g. repack 0 because its build's smoke run crashed with
+    weight repacking on. The loop prints it, records it on the study and puts it in every trial's configuration."""
+
+    knob: str
+    value: Any
+    reason: str
+
+
+def impose(config: TrialConfig, decisions: tuple[Decision, ...]) -> TrialConfig:
+    """`config` with the imposed settings in place (a campaign that sets one otherwise is refused up front)."""
+    if not decisions:
+        return config
+    return config.with_(extra=tuple({**dict(config.extra), **{d.knob: d.value for d in decisions}}.items()))
+
+
 def median(samples: tuple[float, ...] | list[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
@@ -170,6 +187,9 @@ class Engine(Protocol):
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         """Measure one configuration. Never raises for a failed trial: failures are Measurements."""
+
+    def decisions(self) -> tuple[Decision, ...]:
+        """Settings this engine must impose on every trial here (after check()); usually none."""
 
 
 _FACTORIES: dict[str, Callable[..., Engine]] = {}

@@ -147,7 +147,8 @@ class LlamaBenchEngine(LlamaToolsEngine):
                    "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method}
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
-                                               rss_peak_mib=res.rss_peak_mib)
-            return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env, **common)
+                                               rss_peak_mib=res.rss_peak_mib, crash=res.crash)
+            return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env,
+                               metrics=res.crash.as_metrics() if res.crash else {}, **common)
         m = measurement_from_json(res.stdout, config)
         return replace(m, env={**run_env, **m.env}, **common)

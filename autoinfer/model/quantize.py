@@ -22,6 +22,7 @@ from typing import Callable, Literal
 from autoinfer import atomic
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
 from autoinfer.paths import cache_dir
 
@@ -123,7 +124,7 @@ def auto_imatrix(source: Path, *, tools: Tools, threads: int | None = None) -> P
     target = cache_dir() / "imatrix" / name
     if not target.is_file():
         argv = [str(tools.tool("llama-imatrix")), "-m", str(source), "-f", str(DEFAULT_CORPUS),
-                "-c", str(_IMATRIX_CTX), "--no-ppl", "-o"]
+                "-c", str(_IMATRIX_CTX), "--no-ppl", *repack_off_args(tools, "llama-imatrix"), "-o"]
         _write_atomically(argv, ["-t", str(threads)] if threads else [], target, f"llama-imatrix on {source.name}")
     return target
 

@@ -62,7 +62,7 @@ def test_report_flags_more_threads_slower(threads_csv, tmp_path):
     assert (tmp_path / "thread_scaling.svg").exists()
     fits = json.loads((tmp_path / "fits.json").read_text())
     assert fits["threads"][0]["more_threads_slower"] is True
-    assert "no successful trial has GGUF byte accounting" in fits["skipped"]["power_law"]
+    assert fits["skipped"]["power_law"] == "model file(s) not on this machine: m.gguf"
 
 
 def test_report_on_the_seed_data(tmp_path):
@@ -75,7 +75,7 @@ def test_report_on_the_seed_data(tmp_path):
     analysis = analyze(study, tmp_path)
     md = (tmp_path / "report.md").read_text()
     rec = md.split("## What explains the speed")[0]
-    assert "**29.12 tok/s** (median of 17 samples over 17 trial(s)" in rec
+    assert "**29.12 tok/s** (median of 17 run(s)" in rec
     assert "range 25.61–29.90 tok/s (mean 28.67" in rec
     assert "8 line(s) of the imported files were not results" in md
     assert "NVIDIA GeForce RTX 3070" in md
