@@ -7,6 +7,7 @@ import sys
 import typer
 
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact
 
 app = typer.Typer(
     help="Find the fastest way to run a big MoE model on a GPU too small to hold it.",
@@ -54,7 +55,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)  # one line, always
         sys.exit(2)
     except typer.Abort:
         print("aborted", file=sys.stderr)

@@ -16,6 +16,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
+from autoinfer import atomic
 from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
@@ -202,7 +203,7 @@ def write_fits_json(fitset: FitSet, study: str, ceilings: dict[str, float | None
                     for label, _, fit, _ in fitset.threads],
         "ceilings_GBps": ceilings,
     }
-    path.write_text(json.dumps(_finite(data), indent=2) + "\n")
+    atomic.write_text(path, json.dumps(_finite(data), indent=2) + "\n")
 
 
 def gpu_datasheet_bandwidth() -> dict[str, float | str] | None:
@@ -247,7 +248,8 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
     out.mkdir(parents=True, exist_ok=True)
     frame = load_frame(study)
     frame.to_parquet(out / "trials.parquet", index=False)
-    _csv_frame(frame).to_csv(out / "trials.csv", index=False)
+    with atomic.replacing(out / "trials.csv") as tmp:
+        _csv_frame(frame).to_csv(tmp, index=False)
     configs = config_table(frame)
     pairs = pairwise(configs, seed=seed)
     fitset = fit_study(frame, seed)
@@ -273,12 +275,14 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
     if compare_with or frame.loc[frame["hardware_class"] != "", "hardware_class"].nunique() > 1:
         both, descriptions = classes_frame([study, *compare_with], loaded={study.study_name: frame})
         classes = compare_classes(both, descriptions, study_class(study), seed=seed)
-        classes.classes.to_csv(out / "classes.csv", index=False)
-        classes.shared.to_csv(out / "classes-shared.csv", index=False)
+        with atomic.replacing(out / "classes.csv") as tmp:
+            classes.classes.to_csv(tmp, index=False)
+        with atomic.replacing(out / "classes-shared.csv") as tmp:
+            classes.shared.to_csv(tmp, index=False)
     analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out, classes)
     md = render_markdown(analysis, study, datasheet, ceilings)
-    (out / "report.md").write_text(md)
-    (out / "report.html").write_text(render_html(md, f"autoinfer report: {study.study_name}"))
+    atomic.write_text(out / "report.md", md)
+    atomic.write_text(out / "report.html", render_html(md, f"autoinfer report: {study.study_name}"))
     return analysis
 
 

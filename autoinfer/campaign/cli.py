@@ -78,6 +78,7 @@ def export(
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=1,
                                                 help="Pick from the Pareto front: the best within this many MiB."),
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
+    force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
     from autoinfer.campaign.diagnosis import diagnose
@@ -102,7 +103,23 @@ def export(
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
     text = render(format, best, loaded.study_name, campaign.engine if campaign else "llama-bench")
     if out:
-        out.write_text(text)
+        write_export(out, text, force)
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=not text.endswith("\n"))
+
+
+def write_export(out: Path, text: str, force: bool) -> None:
+    """Write an export whole (a kill leaves the old file or the new one), never over a file unless asked."""
+    from autoinfer import atomic
+
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; give a file name, e.g. --out {out / 'best.sh'}")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
+    if out.exists() and not force:
+        raise UserError(f"--out {out} exists; add --force to replace it")
+    try:
+        atomic.write_text(out, text)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write ({exc.strerror}); choose a writable path") from None

@@ -33,6 +33,7 @@ from autoinfer.campaign.spec import Campaign, check_space
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact_url
 from autoinfer.paths import default_storage, trial_dir
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,7 +73,7 @@ def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(
-                f"another autoinfer process is running study {study_name!r} on {url}; SQLite allows one worker "
+                f"another autoinfer process is running study {study_name!r} on {redact_url(url)}; SQLite allows one worker "
                 "per study — wait for it, or use a PostgreSQL storage for several workers (README: workers)"
             ) from None
         fh.write(str(os.getpid()))
@@ -92,7 +93,7 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
         for key in _IDENTITY_KEYS:
             if getattr(previous, key) != getattr(campaign, key):
                 raise UserError(
-                    f"study {name!r} in {url} was made by a different campaign ({key!r} differs); "
+                    f"study {name!r} in {redact_url(url)} was made by a different campaign ({key!r} differs); "
                     "use --study NEW_NAME or the original campaign file"
                 )
     study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
@@ -209,13 +210,13 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
+    dists = distributions(campaign)  # every range checked before the engine builds or loads anything
     if campaign.engine not in hostlock.ENGINES_WITHOUT_HOST_MEASUREMENT:  # a table's peaks need no GPU here
         hardware.check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
-    dists = distributions(campaign)
 
     with sqlite_single_worker(url, name):
         with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim

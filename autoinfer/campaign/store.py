@@ -16,10 +16,13 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from autoinfer.campaign.spec import Campaign
+from autoinfer import atomic
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact, redact_url
 from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
@@ -42,9 +45,9 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage:
 
         return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
-        raise UserError(f"cannot open storage {url!r}: {exc}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}") from None
     except Exception as exc:  # sqlalchemy connection errors
-        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
 
 
 def load_study(name: str | None, storage: str | None) -> optuna.Study:
@@ -52,17 +55,25 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     store = storage_for(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if not names:
-        raise UserError(f"no study in {storage or default_storage()}; run `autoinfer sweep` first")
+        raise UserError(f"no study in {redact_url(storage or default_storage())}; run `autoinfer sweep` first")
     if name is None:
         name = names[-1]
     elif name not in names:
-        raise UserError(f"no study {name!r} in {storage or default_storage()}; studies there: {', '.join(names)}")
+        raise UserError(f"no study {name!r} in {redact_url(storage or default_storage())}; studies there: {', '.join(names)}")
     return optuna.load_study(study_name=name, storage=store)
 
 
 def stored_campaign(study: optuna.Study) -> Campaign | None:
+    """The campaign the study was made with; UserError when the stored copy cannot be read."""
     text = study.user_attrs.get(CAMPAIGN_ATTR)
-    return Campaign.from_json(text) if text else None
+    if not text:
+        return None
+    try:
+        return Campaign.from_json(text)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise UserError(f"study {study.study_name!r}: its stored campaign cannot be read "
+                        f"({str(exc).splitlines()[0]}); start a new study with `autoinfer sweep FILE --study NEW_NAME`") \
+            from None
 
 
 def outcome_of(trial: FrozenTrial) -> str:
@@ -154,10 +165,10 @@ def elapsed_s(study: optuna.Study, since: datetime | None = None) -> float:
 def write_run_files(folder: Path, m: Measurement) -> Path:
     """stdout, stderr, raw engine output and the command line of one engine run, as files."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stdout.txt").write_text(m.stdout)
-    (folder / "stderr.txt").write_text(m.stderr)
-    (folder / "raw_output.txt").write_text(m.raw_output)
-    (folder / "command.txt").write_text(shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
+    atomic.write_text(folder / "stdout.txt", m.stdout, errors="replace")
+    atomic.write_text(folder / "stderr.txt", m.stderr, errors="replace")
+    atomic.write_text(folder / "raw_output.txt", m.raw_output, errors="replace")
+    atomic.write_text(folder / "command.txt", shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
     return folder
 
 

@@ -7,6 +7,8 @@ and the reference engine are interchangeable in a sweep.
 
 from __future__ import annotations
 
+import inspect
+
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -221,4 +223,17 @@ def create(name: str, **options: Any) -> Engine:
             importlib.import_module(ENGINE_MODULES[name])
         except ModuleNotFoundError as exc:
             raise UserError(f"engine {name!r} is not available: {exc}; install its extra") from exc
-    return _FACTORIES[name](**options)
+    factory = _FACTORIES[name]
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError:
+        params = [p for p in inspect.signature(factory).parameters.values() if p.kind is p.KEYWORD_ONLY
+                  or p.kind is p.POSITIONAL_OR_KEYWORD]
+        unknown = sorted(set(options) - {p.name for p in params})
+        raise UserError(f"engine_options.{unknown[0] if unknown else ''}: engine {name!r} takes "
+                        f"{', '.join(p.name for p in params) or 'no options'}") from None
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as exc:  # an option of the wrong kind, e.g. a number where a path belongs
+        raise UserError(f"engine_options of engine {name!r}: {str(exc).splitlines()[0]}; check each option's "
+                        "value against the README") from None
