@@ -85,3 +85,26 @@ def test_export_out_refuses_folders_and_overwrites(tmp_path):
     res = subprocess.run([*CLI, "export", "--format", "bench", "--out", str(existing), "--force"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "llama-bench" in existing.read_text(), res.stderr
+
+
+def _trials(cwd: Path, study: str) -> list[tuple[str, str | None]]:
+    import optuna
+
+    loaded = optuna.load_study(study_name=study, storage=f"sqlite:///{cwd / 'results' / 'autoinfer.db'}")
+    return [(t.state.name, t.user_attrs.get("outcome")) for t in loaded.trials]
+
+
+def test_a_replay_model_label_that_is_no_file_runs_and_a_refusal_leaves_no_running_trial(tmp_path):
+    (tmp_path / "t.csv").write_text(TABLE)
+    (tmp_path / "ok.yaml").write_text(CAMPAIGN.replace("bad", "label") + "budget: {trials: 2}\n")
+    done = subprocess.run([*CLI, "sweep", "ok.yaml", "--quiet"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert _trials(tmp_path, "label") == [("COMPLETE", "ok")] * 2
+    # the table has a parameter the campaign does not search: found while the first trial runs, it fails that
+    # trial with the reason
+    (tmp_path / "u.csv").write_text("threads,placement,tg,pp,rss_mib\n1,first,10,100,500\n2,last,12,110,600\n")
+    (tmp_path / "refused.yaml").write_text(CAMPAIGN.replace("bad", "refused").replace("t.csv", "u.csv"))
+    done = subprocess.run([*CLI, "sweep", "refused.yaml", "--quiet"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "placement" in done.stderr and _trials(tmp_path, "refused") == [("FAIL", "rejected")]

@@ -199,6 +199,23 @@ def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, stud
                       on_first_sample=on_first_sample)
 
 
+@contextmanager
+def _refusal_fails_the_trial(study: optuna.Study) -> Iterator[list[optuna.Trial]]:
+    """A refusal (UserError: bad input found while a trial was being set up or run) ends the sweep with one line.
+    The trial it interrupted is failed with that reason, not left RUNNING for a resume to re-queue: its configuration
+    would be refused again."""
+    current: list[optuna.Trial] = []
+    try:
+        yield current
+    except UserError as exc:
+        for trial in current:
+            if study.trials[trial.number].state == TrialState.RUNNING:
+                trial.set_user_attr("outcome", Outcome.REJECTED.value)
+                trial.set_user_attr("reason", f"refused: {exc}")
+                _tell(study, trial, state=TrialState.FAIL)
+        raise
+
+
 def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | None = None,
           trials: int | None = None, wall_s: float | None = None, progress: bool = True,
           confirm: bool = False) -> SweepResult:
@@ -235,7 +252,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         ran = charged = 0
         with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
                 TrialGuard(study, campaign, engine, view.note) as guard, \
-                worker.SharedBudget(study, budget.trials, machine, view.note) as gate:
+                worker.SharedBudget(study, budget.trials, machine, view.note) as gate, \
+                _refusal_fails_the_trial(study) as current:
             host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
             while True:
                 if (len(done) + charged >= budget.trials
@@ -250,6 +268,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 if trial is None:
                     view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
+                current[:] = [trial]
                 params: dict[str, Any] = suggest(trial, dists)
                 config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
