@@ -7,6 +7,7 @@ import sys
 import typer
 
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact
 
 app = typer.Typer(
     help="Find the fastest way to run a big MoE model on a GPU too small to hold it.",
@@ -41,25 +42,38 @@ from autoinfer.campaign.worker_cli import register as _worker  # noqa: E402  wor
 _worker(app)
 
 
+def _usage_line(exc: typer.TyperException) -> str:
+    """Typer's usage message on one line, with the command's --help as the fix."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "autoinfer"
+    return f"error: {message} (see `{command} --help`)"
+
+
 def main() -> None:
-    """Entry point: UserError becomes one line on stderr and exit status 2."""
+    """Entry point: UserError and typer's usage errors become one line on stderr and exit status 2."""
     try:
         app(standalone_mode=False)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)  # one line, always
         sys.exit(2)
     except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.TyperException as exc:
+        # A group called without a command (no_args_is_help) carries its help text instead of a message (rich
+        # help is already printed when the error is made, leaving the message empty): show it, then one line.
+        message = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and (not message.strip() or "\n" in message.strip()):
+            if message.strip():
+                print(message)
+            print(f"error: `{ctx.command_path}` needs a command (listed above)", file=sys.stderr)
+        else:
+            print(_usage_line(exc), file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: The storage URL handed to `autoinfer worker` processes (never on their command line: `ps` shows argv to all).
+STORAGE_ENV = "AUTOINFER_STORAGE"
+
 
 def cache_dir() -> Path:
     """Per-machine cache shared by every checkout: llama.cpp builds and synthetic models are paid for once."""

@@ -31,11 +31,15 @@ def analyze(
 
     from autoinfer.analysis.report import analyze as run_analysis
     from autoinfer.analysis.report import winner_sentence
+    from autoinfer.campaign.diagnosis import diagnose
     from autoinfer.campaign.store import load_study
     from autoinfer.paths import results_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_study(study, storage)
+    failed = diagnose(loaded)
+    if failed is not None:  # the report still shows what was tried; the line says why there is no answer
+        Console(stderr=True).print(f"no recommendation: {failed.line()}", soft_wrap=True, markup=False)
     folder = out or results_dir() / loaded.study_name / "report"
     others = [load_study(name, storage) for name in compare]
     result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw, compare_with=others)

@@ -268,8 +268,9 @@ def ran_on_gpu(row: pd.Series) -> bool:
 
 
 def gguf_info_of(model: str) -> Any | None:
-    """ModelInfo for a GGUF path that exists here; None for a model name without a file (imported rows) or a file
-    that is no GGUF at all (a replay campaign's label)."""
+    """ModelInfo for a GGUF path that exists here; None for a model name without a file (imported rows), a file
+    that is no GGUF at all (a replay campaign's label) or a GGUF autoinfer cannot size (another architecture, a
+    damaged file: its trials failed to load, and the analysis of the rest goes on)."""
     path = Path(model)
     if not path.is_file():
         return None
@@ -278,7 +279,10 @@ def gguf_info_of(model: str) -> Any | None:
             return None
     from autoinfer.model.gguf_info import read_info
 
-    return read_info(path)
+    try:
+        return read_info(path)
+    except UserError:
+        return None
 
 
 def load_frame(study: optuna.Study, *, placement: bool = True) -> pd.DataFrame:

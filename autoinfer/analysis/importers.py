@@ -146,19 +146,28 @@ def read_llama_bench(path: Path, records: list[tuple[int, Any]]) -> ImportResult
         if not isinstance(rec, dict) or any(k not in rec for k in _BENCH_KEYS):
             missing = [k for k in _BENCH_KEYS if not isinstance(rec, dict) or k not in rec]
             junk.append(JunkRow(str(path), line, f"not a llama-bench record (missing {', '.join(missing)})",
-                                json.dumps(rec)[:200]))
+                                _dump(rec)))
             continue
-        n_prompt, n_gen = int(rec["n_prompt"]), int(rec["n_gen"])
+        try:
+            n_prompt, n_gen = int(rec["n_prompt"]), int(rec["n_gen"])
+            params = _bench_params(rec)
+            samples = [float(v) for v in rec["samples_ts"]]
+        except (TypeError, ValueError, OverflowError) as exc:
+            junk.append(JunkRow(str(path), line, f"malformed llama-bench record ({exc})", _dump(rec)))
+            continue
+        if any(not math.isfinite(v) or v <= 0 for v in samples) or n_prompt < 0 or n_gen < 0:
+            junk.append(JunkRow(str(path), line, "samples_ts holds a value that is not a positive finite rate",
+                                _dump(rec)))
+            continue
         if n_prompt and n_gen:
             junk.append(JunkRow(str(path), line, "combined prompt+generation test (-pg) is not a tg or pp sample",
-                                json.dumps(rec)[:200]))
+                                _dump(rec)))
             continue
-        params = _bench_params(rec)
         key = json.dumps({k: v for k, v in rec.items() if k not in _BENCH_MEASURE}, sort_keys=True, default=str)
         entry = grouped.setdefault(key, {"line": line, "params": params, "tg": [], "pp": [],
                                          "env": {k: rec[k] for k in _BENCH_ENV if k in rec}})
         kind = "tg" if n_gen else "pp"
-        entry[kind].extend(float(v) for v in rec["samples_ts"])
+        entry[kind].extend(samples)
         entry["params"]["n_gen" if kind == "tg" else "n_prompt"] = n_gen or n_prompt
     rows = []
     for entry in grouped.values():
@@ -172,11 +181,21 @@ def read_llama_bench(path: Path, records: list[tuple[int, Any]]) -> ImportResult
     return ImportResult(str(path), "llama-bench", tuple(rows), tuple(junk))
 
 
+def _dump(rec: Any) -> str:
+    """A record's start, for the junk report (any JSON value, however nested)."""
+    try:
+        return json.dumps(rec, default=str)[:200]
+    except (ValueError, RecursionError):
+        return repr(rec)[:200]
+
+
 def _read_json(path: Path, text: str) -> ImportResult:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deep to be llama-bench output") from None
     if isinstance(data, list) and any(isinstance(r, dict) and "samples_ts" in r for r in data):
         line_of = _json_record_lines(text, len(data))
         return read_llama_bench(path, list(zip(line_of, data)))
@@ -205,7 +224,7 @@ def _read_jsonl(path: Path, text: str) -> ImportResult:
             continue
         try:
             records.append((i, json.loads(line)))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             junk.append(JunkRow(str(path), i, "not a JSON line", line[:200]))
     dicts = [r for _, r in records if isinstance(r, dict)]
     if any("samples_ts" in r for r in dicts):
@@ -355,7 +374,7 @@ def read_seed_jsonl(path: Path, records: list[tuple[int, Any]]) -> ImportResult:
     env = {**SEED_ENV, "phase": 4}
     for line, rec in records:
         if not isinstance(rec, dict):
-            junk.append(JunkRow(str(path), line, "not a JSON object", json.dumps(rec)[:200]))
+            junk.append(JunkRow(str(path), line, "not a JSON object", _dump(rec)))
             continue
         cells = {k: "" if v is None else str(v) for k, v in rec.items() if k not in ("preview", "tokens")}
         if "tokens" in rec:
@@ -381,12 +400,21 @@ def _samples(cell: str) -> tuple[float, ...] | None:
 
 def read_generic_csv(path: Path, text: str) -> ImportResult:
     """Parameter columns (TrialConfig names or anything else) plus tg/pp/vram columns; samples may be ';'-joined."""
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader)
+    try:
+        return _read_generic_csv(path, text)
+    except csv.Error as exc:
+        raise UserError(f"{path}: not a readable CSV ({exc}); save it as plain comma-separated text") from None
+
+
+def _read_generic_csv(path: Path, text: str) -> ImportResult:
+    reader = csv.reader(io.StringIO(text.replace("\x00", "")))
+    header = next(reader, None)
+    if not header:
+        raise UserError(f"{path}: no header row; the first line must name the columns (tg, pp, parameters)")
     names = [_ALIASES.get(h.strip().lower(), h.strip()) for h in header]
     if not {"tg", "pp"} & set(names):
         raise UserError(f"{path}: no tg or pp column (also accepted: tok_s, tg_tok_s, pp_tok_s); "
-                        f"columns are {', '.join(header)}")
+                        f"columns are {', '.join(repr(h)[1:-1] for h in header)[:300]}")
     rows: list[ImportedRow] = []
     junk: list[JunkRow] = []
     outcomes = {o.value for o in Outcome}

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from autoinfer import atomic  # noqa: E402
 from autoinfer.analysis import fits as F  # noqa: E402
 
 
@@ -20,7 +21,8 @@ def _save(fig: plt.Figure, out: Path, name: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     for ext in ("png", "svg"):
-        fig.savefig(out / f"{name}.{ext}", dpi=120)
+        with atomic.replacing(out / f"{name}.{ext}") as tmp:
+            fig.savefig(tmp, dpi=120, format=ext)
     plt.close(fig)
     return out / f"{name}.png"
 

@@ -16,11 +16,15 @@ import numpy as np
 import optuna
 import pandas as pd
 
+from autoinfer import atomic
 from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
-from autoinfer.campaign import store
+from autoinfer.campaign import deploy, store
+from autoinfer.campaign.drift import flagged_trials
+from autoinfer.campaign.pareto import points, tg_pp_front
+from autoinfer.campaign.recommend import Recommendation, recommend
 from autoinfer.measure.stats import compare
 
 PLACEMENT = ("model", "n_gpu_layers", "n_cpu_moe", "override_tensors")
@@ -60,6 +64,29 @@ def placement_label(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
+def no_success_reason(frame: pd.DataFrame) -> str:
+    """'no successful trial' with the most common failure and one of its recorded reasons, counted over the trials
+    that ran (a repeat was answered from an earlier trial, not run)."""
+    frame = frame[frame["outcome"] != "repeat"]
+    failed = frame[frame["outcome"] != "ok"]
+    if failed.empty:
+        return "no successful trial within the constraints"
+    outcome, count = failed["outcome"].value_counts().index[0], int(failed["outcome"].value_counts().iloc[0])
+    reasons = [r for r in failed.loc[failed["outcome"] == outcome, "reason"] if isinstance(r, str) and r]
+    example = f"; e.g. {' '.join(reasons[0].split())[:200]}" if reasons else ""
+    return f"no successful trial: {count} of {len(frame)} ended {outcome}{example}"
+
+
+def _why_no_byte_accounting(frame: pd.DataFrame, ok: pd.DataFrame) -> str:
+    if ok.empty:
+        return no_success_reason(frame)
+    models = sorted({str(m) for m in ok.get("model", pd.Series(dtype=str)).dropna()})
+    missing = [m for m in models if not Path(m).is_file()]
+    if missing:
+        return f"model file(s) not on this machine: {', '.join(Path(m).name for m in missing)}"
+    return f"the GGUF byte accounting of {', '.join(Path(m).name for m in models) or 'the model'} could not be read"
+
+
 def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     """Both placement models on the same trials (those with byte accounting), and the threads model per placement."""
     ok = ok_rows(frame)
@@ -69,7 +96,7 @@ def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     have = all(c in ok.columns for c in features)
     rows = ok.dropna(subset=features) if have else ok.iloc[0:0]
     if rows.empty:
-        reason = "no successful trial has GGUF byte accounting (model file not on this machine)"
+        reason = _why_no_byte_accounting(frame, ok)
         skipped = {"power_law": reason, "bandwidth": reason}
     else:
         for name, call in (("power_law", lambda: F.fit_power_law(rows["cpu_gb"], rows["tg_median"], seed)),
@@ -119,9 +146,11 @@ def importance(study: optuna.Study) -> tuple[dict[str, float], str]:
     """Optuna's PED-ANOVA importance of the searched parameters for the objective (it needs no scikit-learn),
     or an empty dict and the reason it cannot be computed."""
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    names = {k for t in complete for k in t.params}
+    names = {k for t in study.get_trials(deepcopy=False) for k in t.distributions}
     if len(names) < 2:
         return {}, f"only {len(names)} searched parameter(s): nothing to rank"
+    if not complete:
+        return {}, f"no successful trial, so the {len(names)} searched parameters cannot be ranked"
     if len(complete) < 4:
         return {}, f"only {len(complete)} completed trial(s); importance needs at least 4"
     evaluator = optuna.importance.PedAnovaImportanceEvaluator()
@@ -147,6 +176,9 @@ def _finite(value: Any) -> Any:
 def winner_sentence(fitset: FitSet) -> str:
     fits, win = fitset.fits, fitset.winner
     if not fits:
+        reasons = set(fitset.skipped.values())
+        if len(reasons) == 1:  # one cause for every model: say it once
+            return f"No placement model was fitted: {reasons.pop()}."
         return "No placement model was fitted: " + "; ".join(f"{k}: {v}" for k, v in fitset.skipped.items()) + "."
     if len(fits) == 1:
         (name, fit), = fits.items()
@@ -171,7 +203,7 @@ def write_fits_json(fitset: FitSet, study: str, ceilings: dict[str, float | None
                     for label, _, fit, _ in fitset.threads],
         "ceilings_GBps": ceilings,
     }
-    path.write_text(json.dumps(_finite(data), indent=2) + "\n")
+    atomic.write_text(path, json.dumps(_finite(data), indent=2) + "\n")
 
 
 def gpu_datasheet_bandwidth() -> dict[str, float | str] | None:
@@ -216,7 +248,8 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
     out.mkdir(parents=True, exist_ok=True)
     frame = load_frame(study)
     frame.to_parquet(out / "trials.parquet", index=False)
-    _csv_frame(frame).to_csv(out / "trials.csv", index=False)
+    with atomic.replacing(out / "trials.csv") as tmp:
+        _csv_frame(frame).to_csv(tmp, index=False)
     configs = config_table(frame)
     pairs = pairwise(configs, seed=seed)
     fitset = fit_study(frame, seed)
@@ -242,12 +275,14 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
     if compare_with or frame.loc[frame["hardware_class"] != "", "hardware_class"].nunique() > 1:
         both, descriptions = classes_frame([study, *compare_with], loaded={study.study_name: frame})
         classes = compare_classes(both, descriptions, study_class(study), seed=seed)
-        classes.classes.to_csv(out / "classes.csv", index=False)
-        classes.shared.to_csv(out / "classes-shared.csv", index=False)
+        with atomic.replacing(out / "classes.csv") as tmp:
+            classes.classes.to_csv(tmp, index=False)
+        with atomic.replacing(out / "classes-shared.csv") as tmp:
+            classes.shared.to_csv(tmp, index=False)
     analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out, classes)
     md = render_markdown(analysis, study, datasheet, ceilings)
-    (out / "report.md").write_text(md)
-    (out / "report.html").write_text(render_html(md, f"autoinfer report: {study.study_name}"))
+    atomic.write_text(out / "report.md", md)
+    atomic.write_text(out / "report.html", render_html(md, f"autoinfer report: {study.study_name}"))
     return analysis
 
 
@@ -287,23 +322,33 @@ def _config_text(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
-def _recommendation(analysis: Analysis, study: optuna.Study) -> list[str]:
-    configs, pairs = analysis.configs, analysis.pairs
-    if configs.empty:
-        counts = analysis.frame["outcome"].value_counts().to_dict()
-        return ["No configuration succeeded within the constraints, so there is nothing to recommend. "
-                f"Outcomes: {', '.join(f'{k} {v}' for k, v in counts.items())}."]
-    best = configs.iloc[0]
-    ci = (f"95% CI {_fmt(best['ci_low'])}–{_fmt(best['ci_high'])}" if math.isfinite(best["ci_low"])
-          else "no CI: a single sample")
-    out = [f"**Use {_config_text(best)}.** It generated **{best['median']:.2f} tok/s** (median of {best['n']} "
-           f"samples over {best['trials']} trial(s), {ci}; first seen in trial {best['first_trial']})"
-           + (f", peak device memory {best['vram_peak_mib']:.0f} MiB." if math.isfinite(best["vram_peak_mib"])
-              else ".")]
-    if best["trials"] > 1 or best["n"] > 1:
-        out.append(f"Its samples range {best['min']:.2f}–{best['max']:.2f} tok/s (mean {best['mean']:.2f}, "
-                   f"standard deviation {_fmt(best['std'])}): quote the median, not the maximum.")
-    if not pairs.empty:
+def _recommendation(analysis: Analysis, study: optuna.Study, rec: Recommendation | None) -> list[str]:
+    """The study's recommendation (campaign.recommend: the same answer as `status` and `export`) and its evidence."""
+    configs, pairs, frame = analysis.configs, analysis.pairs, analysis.frame
+    if rec is None:
+        counts = frame["outcome"].value_counts().to_dict()
+        why = ("every successful trial was flagged by the drift anchor (measured while the machine had changed)"
+               if not configs.empty else "no configuration succeeded within the constraints")
+        return [f"Nothing to recommend: {why}. Outcomes: {', '.join(f'{k} {v}' for k, v in counts.items())}."]
+    row = frame.loc[frame["trial"] == rec.trial].iloc[0]
+    key = row["config_key"]
+    pooled = configs.loc[configs["config_key"] == key] if not configs.empty else configs
+    ci = f"95% CI {_fmt(rec.ci[0])}–{_fmt(rec.ci[1])}" if rec.ci else "no CI: a single sample"
+    memory = f", peak {rec.memory_kind} {rec.memory_mib:.0f} MiB" if rec.memory_mib is not None else ""
+    out = []
+    if rec.busy:
+        out.append(f"**Busy machine:** {rec.busy}.")
+    speed = f"It runs at **{rec.speed:.2f} {rec.unit}**" if rec.unit else f"Objective **{rec.speed:.2f}**"
+    out.append(f"**Use {_config_text(row)}** (trial {rec.trial}). {speed} (median of {rec.runs} run(s), {ci}"
+               f"{memory}); {rec.why}.")
+    if rec.alternative is not None:
+        out.append(f"A {rec.alternative.line()}.")
+    if not pooled.empty and pooled.iloc[0]["n"] > 1:
+        c = pooled.iloc[0]
+        out.append(f"Its generation samples over all its successful trials range {c['min']:.2f}–{c['max']:.2f} "
+                   f"tok/s (mean {c['mean']:.2f}, standard deviation {_fmt(c['std'])}, n={c['n']}): quote the "
+                   "median, not the maximum.")
+    if not pairs.empty and pairs.iloc[0]["best"] == key:
         p = pairs.iloc[0]
         if math.isfinite(p["ratio_ci_low"]):
             if p["distinguishable"]:
@@ -319,7 +364,7 @@ def _recommendation(analysis: Analysis, study: optuna.Study) -> list[str]:
         else:
             out.append(f"The runner-up reached {p['other_median']:.2f} tok/s; with a single sample on one side "
                        "the difference has no CI. Re-measure both, interleaved, before trusting the order.")
-    out.append(f"The command: `autoinfer export --study {study.study_name} --format server`.")
+    out.append(f"The command (the same configuration): `autoinfer export --study {study.study_name} --format server`.")
     return out
 
 
@@ -346,11 +391,37 @@ def _classes_section(classes: ClassComparison | None) -> list[str]:
                          for _, r in classes.shared.iterrows()]), ""]
 
 
+def _workload_section(study: optuna.Study, rec: Recommendation | None) -> list[str]:
+    """The generation-vs-prompt front within the memory budget, the recommendation marked: a prompt-heavy workload
+    weighs pp more and may pick another point of it."""
+    campaign = store.stored_campaign(study)
+    budget = campaign.constraints.vram_mib if campaign else None
+    flagged = flagged_trials(study)
+    pts = tg_pp_front([p for p in points(study) if p.trial.number not in flagged], budget)
+    if len(pts) < 2:
+        return []
+    within = f"within the budget of {budget:.0f} MiB" if budget else "(no memory budget set)"
+    rows = [[p.trial.number, p.tg, p.pp, p.mem_mib, (p.tg * p.pp) ** 0.5,
+             "recommended" if rec is not None and p.trial.number == rec.trial else ""] for p in pts]
+    note = ("" if rec is None or any(p.trial.number == rec.trial for p in pts) else
+            f" The recommendation (trial {rec.trial}) is not on this front: its trial's own medians are beaten on "
+            "both by another trial, while the recommendation judges each configuration on all of its runs.")
+    return ["## Generation vs prompt processing", "",
+            f"Configurations {within} that no other beats on both generation (tg) and prompt (pp) tok/s. The "
+            "campaign's objective weighs them as `objective:` says; a prompt-heavy workload can pick a point with "
+            f"more pp: `autoinfer export --study {study.study_name} --objective pp` (or `balanced`)." + note, "",
+            _table(["trial", "tg tok/s", "pp tok/s", "peak MiB", "sqrt(tg·pp)", ""], rows), ""]
+
+
 def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str, Any] | None,
                     ceilings: dict[str, float | None]) -> str:
     frame, fitset = analysis.frame, analysis.fitset
     md: list[str] = [f"# autoinfer report: {study.study_name}", "", "## Recommendation", ""]
-    md += [" ".join(_recommendation(analysis, study)), ""]
+    rec = recommend(study)
+    md += [" ".join(_recommendation(analysis, study, rec)), ""]
+    check = deploy.stored(study)
+    md += ["Deployment check (the recommended `llama-server` command, started once as printed and asked for a "
+           f"completion): {check.line() if check else 'not run (it runs at the end of `autoinfer sweep`)'}.", ""]
 
     md += ["## What explains the speed", "", winner_sentence(fitset), ""]
     if fitset.fits:
@@ -409,6 +480,7 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
 
     md += ["## Memory", "", _figure(analysis, "pareto_vram", "Pareto front tok/s vs VRAM")
            or "No trial recorded its device memory.", ""]
+    md += _workload_section(study, rec)
 
     md += ["## Threads", ""]
     if fitset.threads:

@@ -32,15 +32,34 @@ def sweep(
     confirm: bool = typer.Option(False, "--confirm", help="Re-measure the top configurations interleaved now, "
                                  "even if the campaign already confirmed them."),
 ) -> None:
-    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it."""
-    from autoinfer.campaign.report import print_recommendation
+    """Run or resume a campaign, confirm its top configurations, print the winner and the command to use it, and
+    start that command once (deployment check).
+
+    Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed, and with
+    status 1 when the deployment check fails."""
+    from autoinfer.campaign.deploy import check_recommendation
+    from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.report import print_deployment_check, print_recommendation
     from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
 
     campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
                        progress=not quiet, confirm=confirm)
-    print_recommendation(Console(), result.study, result.campaign)
+    failed = diagnose(result.study)
+    if failed is not None:
+        Console(stderr=True).print(f"[red]no recommendation[/red]: {failed.line()}", soft_wrap=True, highlight=False)
+        raise SystemExit(SWEEP_FAILED)  # not typer.Exit: main() runs click outside standalone mode
+    console = Console()
+    print_recommendation(console, result.study, result.campaign)
+    best = as_best(result.study, recommend(result.study))
+    if best is not None:
+        console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
+    check = check_recommendation(result.study, result.campaign, best)
+    print_deployment_check(console, check)
+    if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
+        raise SystemExit(1)
 
 
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
@@ -59,28 +78,48 @@ def export(
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=1,
                                                 help="Pick from the Pareto front: the best within this many MiB."),
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
+    force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
-    from autoinfer.campaign.confirm import confirmed_best
-    from autoinfer.campaign.store import best_trial, load_study, stored_campaign
+    from autoinfer.campaign.diagnosis import diagnose
+    from autoinfer.campaign.recommend import as_best, recommend
+    from autoinfer.campaign.store import load_study, stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
     if format not in FORMATS:
         raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
-    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
     if vram_budget is not None or objective is not None:
         from autoinfer.campaign.pareto import pick
 
         best = pick(loaded, vram_budget, objective or "balanced")
     else:
-        best = confirmed_best(loaded) or best_trial(loaded, weights)
+        best = as_best(loaded, recommend(loaded))
     if best is None:
+        failed = diagnose(loaded)
+        if failed is not None:
+            raise UserError(f"study {loaded.study_name!r} has nothing to export: {failed.line()}")
         raise UserError(f"study {loaded.study_name!r} has no feasible successful trial yet; run `autoinfer sweep`")
     text = render(format, best, loaded.study_name, campaign.engine if campaign else "llama-bench")
     if out:
-        out.write_text(text)
+        write_export(out, text, force)
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=not text.endswith("\n"))
+
+
+def write_export(out: Path, text: str, force: bool) -> None:
+    """Write an export whole (a kill leaves the old file or the new one), never over a file unless asked."""
+    from autoinfer import atomic
+
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; give a file name, e.g. --out {out / 'best.sh'}")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
+    if out.exists() and not force:
+        raise UserError(f"--out {out} exists; add --force to replace it")
+    try:
+        atomic.write_text(out, text)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write ({exc.strerror}); choose a writable path") from None

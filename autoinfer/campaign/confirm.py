@@ -2,17 +2,19 @@
 luckiest trial of the search.
 
 A search keeps the maximum of many noisy measurements, so its best is biased upward (the study this project
-started from reported the best of 17 replicates). The top-k distinct configurations are run again `rounds`
-times each, interleaved (A B C, B C A, C A B, …) so slow drift hits all of them alike, each run a fresh
-process. One score per run (the objective on that run's median) is one independent sample; the leader is
-compared with every other finalist (Mann-Whitney U or Welch, Holm-corrected). Finalists that cannot be told
-apart from the leader are a tie, and the one using the least memory is recommended; peaks within
-`confirm.memory_tolerance` of the smallest are the same memory (a few KiB of RSS is not a saving), and the fastest
-of those wins.
+started from reported the best of 17 replicates). The top-k distinct configurations are run again, interleaved
+(A B C, B C A, C A B, …) so slow drift hits all of them alike, each run a fresh process: `rounds` rounds, then more
+while the leader/runner-up ratio's 95% CI is wider than ±`precision`, up to `max_rounds`. One score per run (the
+objective on that run's median) is one independent sample; the leader is compared with every other finalist
+(Mann-Whitney U or Welch, Holm-corrected) and the ratio printed as hyperfine does. The objective decides: memory
+breaks a tie only between finalists the test cannot tell apart whose medians are within `speed_tolerance` of the
+leader's (peaks within `memory_tolerance` count as the same memory). A finalist that needs clearly less memory is
+offered on its own line, never silently put in the faster one's place.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any, Callable
@@ -62,31 +64,76 @@ def _memory(runs: list[dict[str, Any]]) -> tuple[float, str]:
     return (statistics.median(rss), "rss") if rss else (float("inf"), "none")
 
 
+def lighter_alternative(medians: dict[int, float], memory: dict[int, float], chosen: int,
+                       memory_tolerance: float) -> dict[str, Any] | None:
+    """The fastest finalist that needs less memory than `chosen` beyond the tolerance and saves a larger fraction of
+    memory than it loses of speed, as recommend.Alternative's fields (None when there is none)."""
+    limit = memory[chosen] * (1 - memory_tolerance)
+    lighter = [n for n in medians if n != chosen and memory[n] < limit
+               and 1 - memory[n] / memory[chosen] > 1 - medians[n] / medians[chosen]]
+    if not lighter or not math.isfinite(memory[chosen]):
+        return None
+    n = max(lighter, key=lambda k: medians[k])
+    return {"trial": n, "speed": medians[n], "memory_mib": memory[n], "slower": 1 - medians[n] / medians[chosen],
+            "saves_mib": memory[chosen] - memory[n]}
+
+
 def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
-           memory_tolerance: float = 0.0) -> dict[str, Any]:
+           memory_tolerance: float = 0.0, speed_tolerance: float = 0.0) -> dict[str, Any]:
     """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores).
 
-    Finalists with fewer than 2 successful runs cannot be judged and are left out.
+    Finalists with fewer than 2 successful runs cannot be judged and are left out. The recommendation is the leader,
+    unless a finalist tied with it (not different after Holm) and within `speed_tolerance` of its median needs less
+    memory (beyond `memory_tolerance`).
     """
     judged = {n: s for n, s in scores.items() if len(s) >= 2}
     if not judged:
-        return {"leader": None, "recommended": None, "tie": False, "tied_with": [], "comparisons": []}
-    leader = max(judged, key=lambda n: statistics.median(judged[n]))
+        return {"leader": None, "recommended": None, "tie": False, "tied_with": [], "comparisons": [],
+                "alternative": None, "why": None}
+    medians = {n: statistics.median(s) for n, s in judged.items()}
+    leader = max(judged, key=lambda n: medians[n])
     others = [n for n in judged if n != leader]
     results = [compare(judged[leader], judged[n], alpha=alpha, test=test) for n in others]
     differ = holm([r.p_value for r in results], alpha)
     tied = [n for n, d in zip(others, differ) if not d]
-    group = [leader, *tied]
-    least = min(memory[n] for n in group)
-    lightest = [n for n in group if memory[n] <= least * (1 + memory_tolerance)]
-    recommended = max(lightest, key=lambda n: statistics.median(judged[n]))
+    close = [leader, *(n for n in tied if medians[n] >= medians[leader] * (1 - speed_tolerance))]
+    least = min(memory[n] for n in close)
+    lightest = [n for n in close if memory[n] <= least * (1 + memory_tolerance)]
+    recommended = max(lightest, key=lambda n: medians[n])
+    if recommended != leader:
+        why = (f"tied with the leader (trial {leader}) within {speed_tolerance:.0%} of its median, and uses less "
+               "memory: memory breaks the tie")
+    elif tied:
+        why = (f"fastest median of the finalists; trial(s) {', '.join(map(str, tied))} cannot be told apart from it "
+               f"at alpha={alpha}, but none is within {speed_tolerance:.0%} and lighter, so the objective decides")
+    else:
+        why = f"fastest median of the finalists, different from every other at alpha={alpha}"
+    judged_memory = {n: memory[n] for n in judged}
     return {
         "leader": leader,
         "recommended": recommended,
         "tie": bool(tied),
         "tied_with": tied,
         "comparisons": [{"trial": n, **r.to_dict(), "differ_holm": d} for n, r, d in zip(others, results, differ)],
+        "alternative": lighter_alternative(medians, judged_memory, recommended, memory_tolerance),
+        "why": "confirmed: " + why,
     }
+
+
+def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float]) -> str:
+    """hyperfine's way of saying how much faster: "trial 3 ran 1.16 ± 0.04 times faster than trial 0" (± is the
+    half-width of the ratio's 95% bootstrap CI)."""
+    return f"trial {a} ran {ratio:.2f} ± {(ci[1] - ci[0]) / 2:.2f} times faster than trial {b}"
+
+
+def precise_enough(scores: dict[int, list[float]], precision: float, test: str) -> bool:
+    """Whether the leader/runner-up ratio's CI is within ±precision (relative to the ratio)."""
+    judged = {n: s for n, s in scores.items() if len(s) >= 2}
+    if len(judged) < 2:
+        return True
+    ranked = sorted(judged, key=lambda n: -statistics.median(judged[n]))
+    c = compare(judged[ranked[0]], judged[ranked[1]], test=test)
+    return (c.ratio_ci[1] - c.ratio_ci[0]) / 2 <= precision * c.ratio
 
 
 def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig, Any], Measurement],
@@ -98,10 +145,12 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
     if len(chosen) < 2:
         note(f"confirmation skipped: {len(chosen)} successful configuration(s), at least 2 are needed")
         return None
-    note(f"confirming the top {len(chosen)} configurations: {spec.rounds} interleaved rounds in fresh processes")
+    note(f"confirming the top {len(chosen)} configurations: {spec.rounds} interleaved rounds in fresh processes "
+         f"(up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"
     runs: list[dict[str, Any]] = []
-    for r in range(spec.rounds):
+    r = 0
+    while r < spec.max_rounds:
         order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
         for t in order:
             m = run(store.config_of(t), folder / f"round{r}-trial{t.number}")
@@ -112,6 +161,15 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
                 "vram_peak_mib": m.vram_peak_mib, "rss_peak_mib": m.rss_peak_mib,
                 "idle_busy": bool((m.env.get("idle") or {}).get("busy")),
             })
+        r += 1
+        if r >= spec.rounds:
+            scores = {t.number: [x["score"] for x in runs if x["trial"] == t.number and x["score"] is not None]
+                      for t in chosen}
+            if precise_enough(scores, spec.precision, spec.test):
+                break
+            if r < spec.max_rounds:
+                note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
+                     "one more round")
     per_trial: dict[int, dict[str, Any]] = {}
     for t in chosen:
         mine = [x for x in runs if x["trial"] == t.number]
@@ -127,10 +185,12 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
     verdict = decide({n: p["scores"] for n, p in per_trial.items()},
                      {n: p["memory_mib"] if p["memory_mib"] is not None else float("inf")
                       for n, p in per_trial.items()},
-                     alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance)
+                     alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
+                     speed_tolerance=spec.speed_tolerance)
     record = {
-        "time": time.time(), "alpha": spec.alpha, "test": spec.test, "rounds": spec.rounds,
-        "memory_tolerance": spec.memory_tolerance,
+        "time": time.time(), "alpha": spec.alpha, "test": spec.test, "rounds": r,
+        "memory_tolerance": spec.memory_tolerance, "speed_tolerance": spec.speed_tolerance,
+        "precision": spec.precision,
         "objective": weights, "after_trials": sum(1 for t in study.get_trials(deepcopy=False) if store.is_finished(t)),
         "finalists": [per_trial[t.number] for t in chosen], "runs": runs, **verdict,
     }
@@ -140,26 +200,16 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
 
 
 def summary(record: dict[str, Any]) -> str:
-    """One line: the confirmed winner, or the tie and which configuration is recommended and why."""
+    """The confirmed winner, and the leader against each other finalist as hyperfine says it (the record's `why`
+    says why the winner was chosen)."""
     if record.get("recommended") is None:
         return "confirmation: no finalist ran successfully twice; no confirmed winner"
     by_trial = {f["trial"]: f for f in record["finalists"]}
     rec = by_trial[record["recommended"]]
-    if record["tie"]:
-        group = [record["leader"], *record["tied_with"]]
-        within = f" (within {tolerance:.0%})" if (tolerance := record.get("memory_tolerance")) else ""
-        return (f"confirmed: tie between trials {', '.join(map(str, group))} (no difference at alpha="
-                f"{record['alpha']}); recommended trial {rec['trial']}, the fastest of those using the least "
-                f"memory{within} ({rec['memory_kind']} {rec['memory_mib']:.0f} MiB), median {rec['median']:.2f}")
-    return (f"confirmed: trial {rec['trial']} is fastest (median {rec['median']:.2f}, 95% CI "
-            f"{rec['ci'][0]:.2f}–{rec['ci'][1]:.2f}), different from every other finalist at alpha={record['alpha']}")
-
-
-def confirmed_best(study: optuna.Study) -> store.Best | None:
-    """The recommended configuration of the stored confirmation, as `store.Best` (value = its confirmed median)."""
-    record = study.user_attrs.get(CONFIRMED_ATTR)
-    if not record or record.get("recommended") is None:
-        return None
-    t = study.trials[record["recommended"]]
-    rec = next(f for f in record["finalists"] if f["trial"] == t.number)
-    return store.Best(t, store.config_of(t), rec["median"], confirmation=record)
+    ci = f", 95% CI {rec['ci'][0]:.2f}–{rec['ci'][1]:.2f}" if rec.get("ci") else ""
+    lines = [f"confirmed over {record['rounds']} interleaved rounds: trial {rec['trial']}, median {rec['median']:.2f}"
+             f"{ci}"]
+    for c in record["comparisons"]:
+        lines.append("  " + ratio_line(record["leader"], c["trial"], c["ratio"], c["ratio_ci"])
+                     + ("" if c["differ_holm"] else f" (not different at alpha={record['alpha']})"))
+    return "\n".join(lines)

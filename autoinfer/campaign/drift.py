@@ -26,7 +26,6 @@ import time
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import TrialState
 
 from autoinfer.campaign import store
 from autoinfer.campaign.spec import Campaign, InjectLoad
@@ -118,10 +117,11 @@ class DriftAnchor:
 
     def _reference(self) -> list[float]:
         """The scores of the successful start runs: the band a later anchor is judged against."""
-        return [a["score"] for a in self.state["anchors"] if a["label"] == "start" and a["score"] is not None]
+        return [a["score"] for a in self.state["anchors"]
+                if (a["label"] == "start" or a.get("rebased")) and a["score"] is not None and not a.get("discarded")]
 
     def _last_good(self) -> dict[str, Any] | None:
-        good = [a for a in self.state["anchors"] if not a["drifted"]]
+        good = [a for a in self.state["anchors"] if not a["drifted"] or a.get("rebased")]
         return good[-1] if good else None
 
     def _config(self) -> TrialConfig | None:
@@ -190,20 +190,46 @@ class DriftAnchor:
     def _flag_since_last_good(self, upto: int) -> list[int]:
         """Flag and re-queue the trials measured since the last good anchor."""
         good = self._last_good()
-        since = good["after_trial"] if good is not None else -1
+        return self._flag(good["after_trial"] if good is not None else -1, upto)
+
+    def _rebase(self, number: int, runs: list[dict[str, Any]]) -> list[int]:
+        """Two anchor runs in a row faster than the reference band: the reference was measured while the machine was
+        slower (busy at the start), not the trials since. Those two runs become the reference, and the trials measured
+        up to the old reference are flagged and queued again."""
+        old = [a for a in self.state["anchors"] if (a["label"] == "start" or a.get("rebased"))
+               and not a.get("discarded")]
+        for a in old:
+            a["discarded"] = True
+        self.note(f"drift: the anchor ran {runs[0]['ratio']:.2f}× and {runs[1]['ratio']:.2f}× its reference, faster: "
+                  f"the reference was measured while the machine was slower; it is replaced by these two runs")
+        for a in runs:
+            a["rebased"] = True  # the new reference; its label, ratio and drift stay as measured
+        self._save()
+        upto = max(a["after_trial"] for a in old)
+        return self._flag(-1, upto)
+
+    def _flag(self, since: int, upto: int) -> list[int]:
+        """Flag the trials measured after `since` up to `upto` and queue them again; returns those queued. A
+        re-measurement flagged again is not queued a third time: on a machine that stays busy that would never end."""
         already = flagged_trials(self.study)
         victims = [t for t in self._finished() if since < t.number <= upto and t.number not in already]
         if not victims:
             return []
         numbers = [t.number for t in victims]
+        requeued = [t.number for t in victims if not store.is_remeasurement(t)]
         self.study.set_user_attr(store.DRIFT_FLAGGED_ATTR, sorted(already | set(numbers)))
         for t in victims:
-            self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number}, skip_if_exists=False)
+            if t.number in requeued:
+                self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number}, skip_if_exists=False)
         self.state.setdefault("events", []).append(
-            {"time": time.time(), "after_trial": upto, "flagged": numbers, "requeued": numbers})
+            {"time": time.time(), "after_trial": upto, "flagged": numbers, "requeued": requeued})
         self._save()
-        self.note(f"drift: trials {', '.join(map(str, numbers))} flagged and queued again")
-        return numbers
+        again = sorted(set(numbers) - set(requeued))
+        self.note(f"drift: trials {', '.join(map(str, numbers))} flagged"
+                  + (f"; {', '.join(map(str, requeued))} queued again" if requeued else "")
+                  + (f"; {', '.join(map(str, again))} were re-measurements already and are not queued a third time"
+                     if again else ""))
+        return requeued
 
     def after_trial(self, number: int) -> None:
         """Measure the anchor when it is due (first successful trial, then every `every` finished trials)."""
@@ -220,37 +246,60 @@ class DriftAnchor:
             return
         self.check(number, "periodic", backoff=True)
 
-    def check(self, number: int, label: str, *, backoff: bool) -> None:
+    def check(self, number: int, label: str, *, backoff: bool) -> list[int]:
         """An anchor run; outside the band, a second one at once decides whether the machine changed (both outside)
-        or one process landed in another mode of it (the second back inside), which is noise, not drift."""
+        or one process landed in another mode of it (the second back inside), which is noise, not drift. Returns
+        the trials queued again."""
         entry = self.measure(number, label)
         if not entry["drifted"]:
-            return
-        if not self.measure(number, "recheck")["drifted"]:
+            return []
+        second = self.measure(number, "recheck")
+        if not second["drifted"]:
             self.note("drift: a second anchor run is back inside the band; the first was one process's outlier")
-            return
-        self._flag_since_last_good(number)
+            return []
+        if all(a["ratio"] is not None and a["ratio"] > 1 for a in (entry, second)):
+            return self._rebase(number, [entry, second])
+        queued = self._flag_since_last_good(number)
         for attempt in range(self.spec.max_backoffs if backoff else 0):
             self.note(f"drift: waiting {self.spec.backoff_s:.0f} s before measuring the anchor again "
                       f"({attempt + 1}/{self.spec.max_backoffs})")
             time.sleep(self.spec.backoff_s)
             if not self.measure(number, "backoff")["drifted"]:
-                return
+                return queued
         if backoff:
             self.note("drift: the anchor did not recover; the campaign goes on and the next anchor decides again")
+        return queued
 
-    def finish(self) -> None:
-        """The end anchor, when trials ran since the last one; re-queued trials wait for the next sweep."""
+    def finish(self) -> list[int]:
+        """The end anchor, when trials ran since the last one; returns the trials it queued again (the sweep measures
+        them before its confirmation)."""
         if not self.enabled or not self._reference():
-            return
+            return []
         last = self.state["anchors"][-1]["after_trial"]
         after = [t.number for t in self._finished() if t.number > last]
-        if after:
-            self.check(max(after), "end", backoff=False)
-            waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if waiting:
-                self.note(f"drift: {len(waiting)} trial(s) queued again; run `autoinfer sweep` with a larger "
-                          "--trials to measure them")
+        return self.check(max(after), "end", backoff=False) if after else []
+
+
+def busy_verdict(study: optuna.Study) -> str | None:
+    """A plain sentence when the machine's own noise dominated the study: most measured trials flagged, or most
+    anchor runs after the reference outside its band. None otherwise."""
+    state = study.user_attrs.get(DRIFT_ATTR) or {}
+    later = [a for a in state.get("anchors") or [] if a["label"] != "start" and a["label"] != "recheck"]
+    measured = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
+    flagged = flagged_trials(study) & {t.number for t in measured}
+    drifted = sum(1 for a in later if a["drifted"])
+    if not (measured and len(flagged) * 2 > len(measured)) and not (len(later) >= 2 and drifted * 2 > len(later)):
+        return None
+    campaign = store.stored_campaign(study)
+    policy = campaign.idle.policy if campaign else "warn"
+    ratios = [a["ratio"] for a in later if a["ratio"] is not None]
+    moved = f"the drift anchor ran at {min(ratios):.2f}–{max(ratios):.2f}× its reference; " if ratios else ""
+    advice = ("stop the other programs and sweep again" if policy == "wait"
+              else f"stop the other programs, or set idle.policy: wait (now {policy!r}) so trials wait for an idle "
+                   "machine")
+    return (f"this machine was too busy to measure on: {moved}{len(flagged)} of {len(measured)} measured trials were "
+            f"flagged and {drifted} of {len(later)} anchor checks drifted; the numbers reflect the load, not the "
+            f"configurations — {advice}")
 
 
 def status_line(study: optuna.Study) -> str | None:

@@ -141,6 +141,12 @@ class TrialGuard:
         self.anchor.after_trial(number)
         self.load.after_trial(number)
 
+    def end_anchor(self) -> bool:
+        """The end anchor once the trial budget is spent; True when it queued trials again, which the loop then
+        measures before the confirmation."""
+        self.load.stop()
+        return bool(self.anchor.finish())
+
     def finish(self, *, force_confirm: bool) -> None:
         """End of this sweep process: stop any planted load, measure the anchor a last time, then confirm.
 
@@ -149,6 +155,9 @@ class TrialGuard:
         """
         self.load.stop()
         self.anchor.finish()
+        if waiting := store.waiting_remeasurements(self.study.get_trials(deepcopy=False)):
+            self.note(f"drift: {len(waiting)} re-measurement(s) still queued (the wall-time budget ended the sweep); "
+                      "`autoinfer sweep` again measures them")
         finished = sum(1 for t in self.study.get_trials(deepcopy=False) if store.is_finished(t))
         previous = self.study.user_attrs.get(CONFIRMED_ATTR) or {}
         if force_confirm or (self.campaign.confirm.enabled and previous.get("after_trials") != finished):

@@ -113,6 +113,20 @@ def check_split_counts(campaign: Campaign, n_gpus: int) -> None:
                                 f"worker sees {n_gpus} GPU(s); give one share per GPU (CUDA_VISIBLE_DEVICES, --gpus)")
 
 
+def check_vram_budget(campaign: Campaign, n_gpus: int | None = None) -> None:
+    """A device-memory budget needs a device: on a machine without a GPU every trial would pass it unmeasured and
+    the sweep would recommend a configuration as fitting a budget nothing checked."""
+    limit = campaign.constraints.vram_mib
+    if limit is None:
+        return
+    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
+    if n_gpus == 0:
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
+        raise UserError(f"constraints.vram_mib is {limit:g} MiB but this machine has no NVIDIA GPU that NVML "
+                        f"sees{where}; remove constraints.vram_mib for a CPU campaign, or run it on a GPU machine")
+
+
 def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
     """The campaign with llama.cpp's multi-GPU knobs searched when this worker sees more than one GPU and the
     campaign does not set them itself: tensor_split and, where the campaign places experts, expert_split (which

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from autoinfer.campaign.spec import SYNTH_PREFIX
 from autoinfer.errors import UserError
+from autoinfer.model.gguf_header import GGUFFormatError, read_header
 
 GGUF_MAGIC = b"GGUF"
 
@@ -24,6 +25,10 @@ def resolve_model(entry: str) -> str:
     with path.open("rb") as fh:
         if fh.read(4) != GGUF_MAGIC:
             raise UserError(f"model file {entry} is not a GGUF file (bad magic); point 'model:' at a .gguf file")
+    try:  # a half-copied file would only fail trial by trial as load_failed
+        read_header(path)
+    except GGUFFormatError as exc:
+        raise UserError(f"model file {entry} is damaged: {exc}; copy or download it again") from None
     return str(path.resolve())
 
 

@@ -73,6 +73,17 @@ def front(study: optuna.Study) -> list[Point]:
     return sorted((p for p in pts if not any(q.dominates(p) for q in pts)), key=lambda p: p.mem_mib)
 
 
+def tg_pp_front(pts: list[Point], budget_mib: float | None) -> list[Point]:
+    """Points within the memory budget that no other within it beats on both tg and pp (memory aside: all of them
+    fit), fastest generation first; the choice a workload's tg:pp weight makes."""
+    fit = [p for p in pts if budget_mib is None or p.mem_mib <= budget_mib]
+
+    def beaten(p: Point) -> bool:
+        return any(q.tg >= p.tg and q.pp >= p.pp and (q.tg > p.tg or q.pp > p.pp) for q in fit)
+
+    return sorted((p for p in fit if not beaten(p)), key=lambda p: -p.tg)
+
+
 def remember(study: optuna.Study) -> None:
     """Store the current front's trial numbers on the study."""
     study.set_user_attr(FRONT_ATTR, [p.trial.number for p in front(study)])

@@ -1,4 +1,5 @@
-"""The sweep's live display: trial n/N, the configuration being measured, best so far, ETA; a line per trial."""
+"""The sweep's live display: trial n/N, the configuration being measured, the recommendation so far ("best so
+far", from campaign.recommend), ETA; a line per trial."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from autoinfer.campaign import store
+from autoinfer.campaign.recommend import Recommendation
 from autoinfer.campaign.spec import Campaign
 
 
@@ -21,6 +23,7 @@ def trial_line(t: FrozenTrial) -> str:
     """One line per finished trial: number, outcome, medians, memory, reason."""
     outcome = store.outcome_of(t)
     parts = [f"trial {t.number:>3}", f"{outcome:<12}"]
+    parts += [f"{key}={t.user_attrs[key]}" for key in ("remeasure_of", "retry_of", "repeat_of") if key in t.user_attrs]
     for kind in ("tg", "pp"):
         samples = store.samples_of(t, kind)
         if samples:
@@ -69,12 +72,13 @@ class SweepProgress:
     def start(self, number: int, params: dict[str, Any]) -> None:
         self.progress.update(self.task, description=f"trial {number}: {describe(params)}")
 
-    def finish(self, trial: FrozenTrial, best: store.Best | None, *, counted: bool = True) -> None:
-        """Print the trial; the bar counts only trials charged to the budget (a rejected one is not)."""
+    def finish(self, trial: FrozenTrial, best: Recommendation | None, *, counted: bool = True) -> None:
+        """Print the trial; the bar counts only trials charged to the budget (a rejected one or a drift
+        re-measurement is not)."""
         if counted:
             self.progress.advance(self.task)
         if not self.enabled:
             return
         self.progress.console.print(trial_line(trial))
         if best is not None:
-            self.progress.update(self.task, description=f"best {best.value:.2f} (trial {best.trial.number})")
+            self.progress.update(self.task, description=best.label())

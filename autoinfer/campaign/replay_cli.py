@@ -101,6 +101,10 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     if objective not in ("tg", "pp", "balanced"):
         raise UserError(f"--objective {objective!r} is not one of tg, pp, balanced")
     df = read_table(table)
+    missing = [c for c in (("tg", "pp") if objective == "balanced" else (objective,)) if c not in df]
+    if missing:
+        raise UserError(f"replay table {table} has no {missing[0]!r} column for --objective {objective}; "
+                        f"use --objective {'pp' if 'pp' in df else 'tg'}")
     target = truth(df, objective, budget_mib)
     if target.notna().sum() == 0:
         raise UserError(f"no row of {table} is feasible within {budget_mib} MiB; raise --budget-mib")

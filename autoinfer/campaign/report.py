@@ -9,9 +9,11 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autoinfer.campaign import store
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirmed_best, summary
+from autoinfer.campaign import deploy, store
+from autoinfer.campaign.confirm import CONFIRMED_ATTR, finalists, summary
+from autoinfer.campaign.diagnosis import diagnose
 from autoinfer.campaign.drift import status_line
+from autoinfer.campaign.recommend import Recommendation, as_best, recommend
 from autoinfer.export.formats import LLAMA_ENGINES, render
 
 
@@ -60,21 +62,52 @@ def print_status(console: Console, study: optuna.Study) -> None:
         walls = [float(t.user_attrs["wall_s"]) for t in finished if t.user_attrs.get("wall_s")]
         if walls and budget > len(finished):
             table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
-    best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights() if campaign else {"tg": 1.0})
+    rec = recommend(study)
     confirmed = study.user_attrs.get(CONFIRMED_ATTR)
     table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed['after_trials']} trials)"
-                  if confirmed else "not yet (runs when the trial budget is spent)")
+                  if confirmed else _unconfirmed(study, campaign, len(finished) >= budget))
     if (drift := status_line(study)) is not None:
         table.add_row("drift anchor", drift)
-    if best is None:
-        table.add_row("best", "no feasible successful trial yet")
+    if rec is not None and rec.busy:
+        table.add_row("[bold red]busy machine[/bold red]", rec.busy)
+    table.add_row("deployment check", deployment_line(deploy.stored(study), rec))
+    for imposed in study.user_attrs.get(store.DECISIONS_ATTR, []):
+        table.add_row("imposed on every trial", f"{imposed['knob']}={imposed['value']}: {imposed['reason']}")
+    if rec is None:
+        failed = diagnose(study)
+        table.add_row("recommended", f"none: {failed.line()}" if failed else "no feasible successful trial yet")
     else:
-        t = best.trial
-        table.add_row("best", f"trial {t.number}: {_params(t.params)}")
-        table.add_row("  tg tok/s", measured(t, confirmed, "tg"))
-        table.add_row("  pp tok/s", measured(t, confirmed, "pp"))
+        t = study.trials[rec.trial]
+        table.add_row("recommended", f"trial {t.number}: {_params(t.params)}")
+        table.add_row("  why", rec.why)
+        table.add_row("  objective", _speed(rec))
+        table.add_row("  tg tok/s", measured(t, confirmed if rec.confirmed else None, "tg"))
+        table.add_row("  pp tok/s", measured(t, confirmed if rec.confirmed else None, "pp"))
         table.add_row("  peak memory", _memory(t))
+        if rec.alternative is not None:
+            table.add_row("  alternative", rec.alternative.line())
     console.print(table)
+
+
+def _unconfirmed(study: optuna.Study, campaign, budget_spent: bool) -> str:
+    """Why a study has no confirmation: what happened, not what would happen in a sweep that already ended."""
+    if campaign is None:
+        return "no (an imported study; `autoinfer sweep --confirm` needs a campaign)"
+    if not campaign.confirm.enabled:
+        return "off (confirm.enabled is false in the campaign); `autoinfer sweep --confirm` runs it on demand"
+    n = len(finalists(study, campaign.objective_weights(), campaign.confirm.top_k))
+    if n < 2:
+        when = "skipped at the end of the sweep" if budget_spent else "not possible yet"
+        return f"{when}: {n} successful configuration(s) without drift flags, at least 2 are needed"
+    if not budget_spent:
+        return "not yet (runs when the trial budget is spent)"
+    return ("not run: the trial budget is spent but the sweep ended before confirming (interrupted?); "
+            "`autoinfer sweep --confirm` runs it")
+
+
+def _speed(rec: Recommendation) -> str:
+    ci = f", 95% CI {rec.ci[0]:.2f}–{rec.ci[1]:.2f}" if rec.ci else ""
+    return f"{rec.speed:.2f} (median of {rec.runs} run(s){ci})"
 
 
 def _params(params: dict) -> str:
@@ -87,19 +120,48 @@ def _memory(t: optuna.trial.FrozenTrial) -> str:
     return ", ".join(parts) or "not measured"
 
 
+def deployment_line(check: deploy.DeploymentCheck | None, rec: Recommendation | None) -> str:
+    """What status and the report say about the deployment check of the current recommendation."""
+    if check is None:
+        return "not run (it runs at the end of `autoinfer sweep`)"
+    if rec is not None and check.trial is not None and check.trial != rec.trial:
+        return f"not run for trial {rec.trial}; the last check ({check.line()}) was for another trial"
+    return check.line()
+
+
+def print_deployment_check(console: Console, check: deploy.DeploymentCheck) -> None:
+    """The check's result; a failure loudly, with the command that failed, since the printed answer does not work."""
+    if check.status == "failed":
+        console.print("[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command did not serve a "
+                      "completion; do not use it as printed.")
+        console.print(f"  reason: {check.reason}", markup=False, highlight=False)
+        console.print(f"  command: {check.command}", markup=False, highlight=False, soft_wrap=True)
+    elif check.status == "passed":
+        console.print(f"deployment check {check.line()}", style="green", markup=False, highlight=False)
+    else:
+        console.print(f"deployment check {check.line()}", markup=False, highlight=False)
+
+
 def print_recommendation(console: Console, study: optuna.Study, campaign) -> None:
-    best = confirmed_best(study) or store.best_trial(study, campaign.objective_weights())
-    if best is None:
+    rec = recommend(study)
+    best = as_best(study, rec)
+    if rec is None or best is None:
         console.print(f"[red]no feasible successful trial in study {study.study_name!r}[/red]; "
                       f"see `autoinfer status --study {study.study_name}`")
         return
     t = best.trial
-    console.print(f"\n[bold]best of study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
-    console.print(f"  {summary(best.confirmation) if best.confirmation else 'not confirmed by a re-measurement'}",
-                  markup=False, highlight=False)
+    if rec.busy:
+        console.print(f"\n[bold red]busy machine:[/bold red] {rec.busy}", highlight=False)
+    console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
+    console.print(f"  {rec.why}", markup=False, highlight=False)
+    if confirmed := study.user_attrs.get(CONFIRMED_ATTR):
+        console.print(f"  {summary(confirmed)}", markup=False, highlight=False)
+    console.print(f"  objective:        {_speed(rec)}")
     console.print(f"  generation tok/s: {measured(t, best.confirmation, 'tg')}")
     console.print(f"  prompt tok/s:     {measured(t, best.confirmation, 'pp')}")
     console.print(f"  peak memory:      {_memory(t)}")
+    if rec.alternative is not None:
+        console.print(f"  {rec.alternative.line()}", markup=False, highlight=False)
     if campaign.engine in LLAMA_ENGINES:
         console.print("\nrun it with:")
         console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -18,17 +19,21 @@ from typing import Any, Iterator
 
 import optuna
 from optuna.trial import TrialState
+from rich.console import Console
 
-from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, store, worker
+from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, repeats, store, worker
+from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.guard import TrialGuard, run_engine
 from autoinfer.campaign.informed import SearchAid
 from autoinfer.campaign.models import resolve_models
 from autoinfer.campaign.progress import SweepProgress
+from autoinfer.campaign.recommend import as_best, recommend
 from autoinfer.campaign.space import distributions, suggest, to_config
 from autoinfer.campaign.spec import Campaign, check_space
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact_url
 from autoinfer.paths import default_storage, trial_dir
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -68,7 +73,7 @@ def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(
-                f"another autoinfer process is running study {study_name!r} on {url}; SQLite allows one worker "
+                f"another autoinfer process is running study {study_name!r} on {redact_url(url)}; SQLite allows one worker "
                 "per study — wait for it, or use a PostgreSQL storage for several workers (README: workers)"
             ) from None
         fh.write(str(os.getpid()))
@@ -88,7 +93,7 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
         for key in _IDENTITY_KEYS:
             if getattr(previous, key) != getattr(campaign, key):
                 raise UserError(
-                    f"study {name!r} in {url} was made by a different campaign ({key!r} differs); "
+                    f"study {name!r} in {redact_url(url)} was made by a different campaign ({key!r} differs); "
                     "use --study NEW_NAME or the original campaign file"
                 )
     study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
@@ -103,7 +108,10 @@ def reclaim_stale(study: optuna.Study, stale: list[optuna.trial.FrozenTrial] | N
     requeued = 0
     for t in stale:
         chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
-        reason = "re-queued" if chosen else "before its configuration was chosen; nothing to re-run"
+        repeat = t.user_attrs.get(repeats.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
+        reason = ("re-queued" if chosen and repeat is None else f"a repeat of trial {repeat}; nothing to re-run"
+                  if chosen else "before its configuration was chosen; nothing to re-run")
+        chosen = chosen and repeat is None
         try:
             storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
             storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
@@ -168,11 +176,44 @@ def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | No
     return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
 
 
+def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision, ...]:
+    """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
+    printed once; a campaign that asks for another value of such a setting is refused, since its trials would
+    measure something else than they say."""
+    decisions = tuple(getattr(engine, "decisions", lambda: ())())
+    for d in decisions:
+        asked = campaign.space.get(d.knob)
+        values = asked if isinstance(asked, list) else [] if asked is None else [asked]
+        if any(v != d.value for v in values):
+            raise UserError(f"space.{d.knob}: this machine's llama.cpp build needs {d.knob}={d.value} ({d.reason}); "
+                            f"set {d.knob}: {d.value} or drop it from the space")
+        Console(stderr=True).print(f"decision: every trial runs with {d.knob}={d.value}: {d.reason}",
+                                   markup=False, soft_wrap=True)
+    return decisions
+
+
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
     return run_engine(engine, config, campaign, trial_dir(study_name, number), gpus=hardware.measured_gpus(),
                       on_first_sample=on_first_sample)
+
+
+@contextmanager
+def _refusal_fails_the_trial(study: optuna.Study) -> Iterator[list[optuna.Trial]]:
+    """A refusal (UserError: bad input found while a trial was being set up or run) ends the sweep with one line.
+    The trial it interrupted is failed with that reason, not left RUNNING for a resume to re-queue: its configuration
+    would be refused again."""
+    current: list[optuna.Trial] = []
+    try:
+        yield current
+    except UserError as exc:
+        for trial in current:
+            if study.trials[trial.number].state == TrialState.RUNNING:
+                trial.set_user_attr("outcome", Outcome.REJECTED.value)
+                trial.set_user_attr("reason", f"refused: {exc}")
+                _tell(study, trial, state=TrialState.FAIL)
+        raise
 
 
 def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | None = None,
@@ -186,28 +227,40 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
+    dists = distributions(campaign)  # every range checked before the engine builds or loads anything
+    if campaign.engine not in hostlock.ENGINES_WITHOUT_HOST_MEASUREMENT:  # a table's peaks need no GPU here
+        hardware.check_vram_budget(campaign)
     engine.check()
+    decisions = imposed_settings(engine, campaign)
     models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
-    dists = distributions(campaign)
 
     with sqlite_single_worker(url, name):
         with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim
             study = open_study(campaign, name, url)
             machine = hardware.bind(study)
             requeued = reclaim_stale(study, worker.stale_trials(study))
+            if decisions:
+                study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
         aid.enqueue_start(study, dists)
         aid.after_run(study)
-        skips = 0
-        done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
+        skips = repeated = 0
+        nudge = random.Random(campaign.sampler.seed)
+        done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t) and not store.is_remeasurement(t)]
         session_start = datetime.now()
-        ran = 0
+        ran = charged = 0
         with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
                 TrialGuard(study, campaign, engine, view.note) as guard, \
-                worker.SharedBudget(study, budget.trials, machine, view.note) as gate:
+                worker.SharedBudget(study, budget.trials, machine, view.note) as gate, \
+                _refusal_fails_the_trial(study) as current:
             host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
-            while len(done) + ran < budget.trials:
+            while True:
+                if (len(done) + charged >= budget.trials
+                        and not store.waiting_remeasurements(study.get_trials(deepcopy=False))):
+                    with host:  # the end anchor; what it queues again is measured now, before the confirmation
+                        if not guard.end_anchor():
+                            break
                 if budget.wall_s is not None and store.elapsed_s(study, session_start) >= budget.wall_s:
                     view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
                     break
@@ -215,17 +268,37 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 if trial is None:
                     view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
+                current[:] = [trial]
                 params: dict[str, Any] = suggest(trial, dists)
-                config = aid.realize(to_config(campaign, params, models), trial)
+                config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
+                if decisions:
+                    trial.set_user_attr(store.DECISIONS_ATTR, {d.knob: d.value for d in decisions})
+                source = None if repeats.deliberate(trial.user_attrs) else repeats.earlier(
+                    study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study), trial.number)
+                if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
+                    repeats.answer(study, trial, source)
+                    view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
+                              "answered with its measurement, not run")
+                    repeated += 1
+                    if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
+                        fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
+                        if fresh is None or repeated > repeats.MAX_IN_A_ROW:
+                            view.note(f"stopped: {repeated} suggestions in a row were configurations already "
+                                      "measured and no unmeasured one is left: the search space is exhausted")
+                            break
+                        study.enqueue_trial(fresh, user_attrs={repeats.EXPLORE_ATTR: repeated})
+                        view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random is "
+                                  f"queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
+                    continue
+                repeated = 0
                 view.start(trial.number, params)
                 skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
                            or aid.before_run(trial, config))
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget
                     trial.set_user_attr(store.UNMEASURED_ATTR, True)
                     record(study, trial, campaign, skipped)
-                    view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()),
-                                counted=False)
+                    view.finish(study.trials[trial.number], recommend(study), counted=False)
                     skips += 1
                     if skips > aid.max_skips(budget.trials):
                         view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
@@ -247,10 +320,11 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     continue
                 aid.after_run(study)
                 ran += 1
-                view.finish(study.trials[trial.number], store.best_trial(study, campaign.objective_weights()))
+                charged += not store.is_remeasurement(trial)
+                view.finish(study.trials[trial.number], recommend(study), counted=not store.is_remeasurement(trial))
                 with host:  # the drift anchor measures too
                     guard.after_trial(trial.number)
             with host, worker.serialized(study):
                 if worker.last_to_finish(study, view.note):  # confirm once, on the complete ranking
                     guard.finish(force_confirm=confirm)
-    return SweepResult(study, campaign, store.best_trial(study, campaign.objective_weights()), ran)
+    return SweepResult(study, campaign, as_best(study, recommend(study)), ran)

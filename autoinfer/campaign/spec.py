@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
+from autoinfer.campaign.yaml_loader import load_yaml
 from autoinfer.errors import UserError
 from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
 
@@ -22,19 +22,22 @@ SYNTH_PREFIX = "synth:"  # "synth:tiny" or "synth:tiny/Q4_0": a synthetic model 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # finite numbers only: an infinite timeout or budget would be stored as null and fail when read back
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class IntRange(_Strict):
     low: int
     high: int
-    step: int = 1
+    step: int = Field(1, ge=1)
     log: bool = False
 
     @model_validator(mode="after")
     def _ordered(self) -> "IntRange":
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.log and self.low < 1:
+            raise ValueError(f"a log range needs low >= 1 (got {self.low}); drop log: true or raise low")
         return self
 
 
@@ -47,6 +50,8 @@ class FloatRange(_Strict):
     def _ordered(self) -> "FloatRange":
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0 (got {self.low}); drop log: true or raise low")
         return self
 
 
@@ -117,6 +122,17 @@ class Confirm(_Strict):
     test: Literal["mannwhitney", "welch"] = "mannwhitney"
     # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
     memory_tolerance: float = Field(0.02, ge=0, lt=1)
+    # memory breaks a tie only between finalists whose medians are within this fraction of the leader's
+    speed_tolerance: float = Field(0.02, ge=0, lt=1)
+    # more interleaved rounds while the leader/runner-up ratio's 95% CI is wider than ±precision, up to max_rounds
+    precision: float = Field(0.03, gt=0, lt=1)
+    max_rounds: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _rounds_within_cap(self) -> "Confirm":
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds {self.max_rounds} is below rounds {self.rounds}; raise max_rounds")
+        return self
 
 
 class Drift(_Strict):
@@ -256,6 +272,7 @@ class Campaign(_Strict):
 
     @classmethod
     def from_json(cls, text: str) -> "Campaign":
+        """The campaign stored with a study (ValidationError or ValueError if the stored text is damaged)."""
         return cls.model_validate(json.loads(text))
 
 
@@ -290,6 +307,7 @@ _KNOB_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "expert_split": (lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
                      f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
     "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
+    "repack": (lambda v: v in (0, 1), "0 or 1 (weight repacking off or on), or false/true"),
 }
 
 
@@ -368,26 +386,34 @@ def _pydantic_message(exc: ValidationError) -> str:
 
 
 def parse_campaign(data: Any, source: str = "<campaign>") -> Campaign:
-    """Validate a loaded YAML document; raise UserError naming the bad key."""
+    """Validate a loaded YAML document; raise UserError naming the bad key.
+
+    The campaign is stored as JSON with its study and read back by status, export and resume, so a value that does
+    not come back unchanged (a non-string key, a date in engine_options) is refused here, not after the sweep.
+    """
     if not isinstance(data, dict):
         raise UserError(f"{source}: a campaign file must be a YAML mapping (name:, model:, space:, …)")
     try:
-        return Campaign.model_validate({**data, "source": source})
+        campaign = Campaign.model_validate({**data, "source": source})
     except ValidationError as exc:
         raise UserError(f"{source}: {_pydantic_message(exc)}") from None
+    try:
+        stored = Campaign.from_json(campaign.to_json())
+    except (ValidationError, ValueError) as exc:
+        raise UserError(f"{source}: a value cannot be stored with the study ({str(exc).splitlines()[0]}); "
+                        "use plain numbers, strings, lists and mappings with string keys") from None
+    if stored != campaign:
+        changed = next((k for k in Campaign.model_fields if getattr(stored, k) != getattr(campaign, k)), "campaign")
+        raise UserError(f"{source}: {changed}: a value would change when stored with the study; use plain numbers, "
+                        "strings, lists and mappings with string keys")
+    return campaign
 
 
 def load_campaign(path: Path) -> Campaign:
     """Read and validate a campaign file. Relative model paths are taken relative to the file."""
     if not path.is_file():
         raise UserError(f"campaign file {path} does not exist; see experiments/ for examples")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    campaign = parse_campaign(data, str(path))
+    campaign = parse_campaign(load_yaml(path), str(path))
     models = [m if m.startswith(SYNTH_PREFIX) or Path(m).is_absolute() else str((path.parent / m).resolve())
               for m in campaign.model]
     return campaign.model_copy(update={"model": models})

@@ -16,16 +16,22 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import ValidationError
 
 from autoinfer.campaign.spec import Campaign
+from autoinfer import atomic
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.store.redact import redact, redact_url
 from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
 MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
+#: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
+#: trial attribute: those settings.
+DECISIONS_ATTR = "imposed_settings"
 DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
 
@@ -39,9 +45,9 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage:
 
         return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
-        raise UserError(f"cannot open storage {url!r}: {exc}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}") from None
     except Exception as exc:  # sqlalchemy connection errors
-        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
 
 
 def load_study(name: str | None, storage: str | None) -> optuna.Study:
@@ -49,17 +55,25 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     store = storage_for(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store, include_best_trial=False)]
     if not names:
-        raise UserError(f"no study in {storage or default_storage()}; run `autoinfer sweep` first")
+        raise UserError(f"no study in {redact_url(storage or default_storage())}; run `autoinfer sweep` first")
     if name is None:
         name = names[-1]
     elif name not in names:
-        raise UserError(f"no study {name!r} in {storage or default_storage()}; studies there: {', '.join(names)}")
+        raise UserError(f"no study {name!r} in {redact_url(storage or default_storage())}; studies there: {', '.join(names)}")
     return optuna.load_study(study_name=name, storage=store)
 
 
 def stored_campaign(study: optuna.Study) -> Campaign | None:
+    """The campaign the study was made with; UserError when the stored copy cannot be read."""
     text = study.user_attrs.get(CAMPAIGN_ATTR)
-    return Campaign.from_json(text) if text else None
+    if not text:
+        return None
+    try:
+        return Campaign.from_json(text)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise UserError(f"study {study.study_name!r}: its stored campaign cannot be read "
+                        f"({str(exc).splitlines()[0]}); start a new study with `autoinfer sweep FILE --study NEW_NAME`") \
+            from None
 
 
 def outcome_of(trial: FrozenTrial) -> str:
@@ -75,6 +89,16 @@ def is_finished(trial: FrozenTrial) -> bool:
     recorded without a measurement (predicted over the memory budget, over max_kld, refused by the engine)."""
     return (trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
             and not trial.user_attrs.get(UNMEASURED_ATTR))
+
+
+def is_remeasurement(trial: FrozenTrial | optuna.Trial) -> bool:
+    """A configuration queued again because the drift anchor flagged its measurement: it is measured before the
+    campaign ends and does not count against the trial budget."""
+    return "remeasure_of" in trial.user_attrs
+
+
+def waiting_remeasurements(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    return [t for t in trials if t.state == TrialState.WAITING and is_remeasurement(t)]
 
 
 def is_feasible_ok(trial: FrozenTrial) -> bool:
@@ -141,10 +165,10 @@ def elapsed_s(study: optuna.Study, since: datetime | None = None) -> float:
 def write_run_files(folder: Path, m: Measurement) -> Path:
     """stdout, stderr, raw engine output and the command line of one engine run, as files."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "stdout.txt").write_text(m.stdout)
-    (folder / "stderr.txt").write_text(m.stderr)
-    (folder / "raw_output.txt").write_text(m.raw_output)
-    (folder / "command.txt").write_text(shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
+    atomic.write_text(folder / "stdout.txt", m.stdout, errors="replace")
+    atomic.write_text(folder / "stderr.txt", m.stderr, errors="replace")
+    atomic.write_text(folder / "raw_output.txt", m.raw_output, errors="replace")
+    atomic.write_text(folder / "command.txt", shlex.join(m.engine_cmd) + "\n" if m.engine_cmd else "")
     return folder
 
 
@@ -172,16 +196,3 @@ class Best:
     config: TrialConfig
     value: float
     confirmation: dict[str, Any] | None = None  # the study's `confirmed` record when this is its recommendation
-
-
-def best_trial(study: optuna.Study, weights: dict[str, float]) -> Best | None:
-    """The feasible OK trial with the highest objective (drift-flagged trials left out)."""
-    best: Best | None = None
-    flagged = set(study.user_attrs.get(DRIFT_FLAGGED_ATTR, []))
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not is_feasible_ok(t) or t.number in flagged:
-            continue
-        value = score({"tg": samples_of(t, "tg"), "pp": samples_of(t, "pp"), "kld": kld_of(t)}, weights)
-        if value is not None and (best is None or value > best.value):
-            best = Best(t, config_of(t), value)
-    return best

@@ -36,6 +36,8 @@ from autoinfer.campaign import hardware, store
 from autoinfer.campaign.spec import Workers
 from autoinfer.errors import UserError
 from autoinfer.measure.host import Fingerprint
+from autoinfer.paths import STORAGE_ENV
+from autoinfer.store.redact import redact, redact_url
 
 _LOCK_SPACE = 0x61757469  # first key of every advisory lock autoinfer takes ("auti")
 _SCHEMA_LOCK = 0  # second key while creating Optuna's tables
@@ -55,7 +57,7 @@ def check_url(url: str) -> None:
     """SQLite (one worker per study), PostgreSQL (many) or the in-process memory storage; nothing else."""
     scheme = url.split(":", 1)[0].split("+", 1)[0]
     if url != store.MEMORY_STORAGE and scheme not in ("sqlite", "postgresql"):
-        raise UserError(f"storage {url!r}: autoinfer coordinates workers on PostgreSQL; use postgresql://USER@HOST/DB "
+        raise UserError(f"storage {redact_url(url)!r}: autoinfer coordinates workers on PostgreSQL; use postgresql://USER@HOST/DB "
                         "for several workers or sqlite:///FILE for one")
 
 
@@ -66,7 +68,7 @@ def _engine(url: str) -> Any:
     try:
         return sqlalchemy.create_engine(driver_url(url), poolclass=sqlalchemy.pool.NullPool)
     except ImportError as exc:
-        raise UserError(f"cannot open storage {url!r}: {exc}; install the driver with "
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}; install the driver with "
                         "pip install 'autoinfer[postgres]'") from None
 
 
@@ -80,7 +82,7 @@ def _advisory_lock(engine: Any, key: int) -> Iterator[None]:
         conn = engine.connect()
     except SQLAlchemyError as exc:
         url = engine.url.render_as_string(hide_password=True)
-        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
     with conn:
         conn.execute(text("SELECT pg_advisory_lock(:a, :b)"), {"a": _LOCK_SPACE, "b": key})
         conn.commit()
@@ -110,7 +112,7 @@ def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
             return optuna.storages.RDBStorage(driver_url(url), engine_kwargs={"pool_pre_ping": True},
                                               heartbeat_interval=workers.heartbeat_s, grace_period=workers.grace)
     except sqlalchemy.exc.SQLAlchemyError as exc:
-        raise UserError(f"cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
     finally:
         engine.dispose()
 
@@ -153,8 +155,9 @@ def stale_trials(study: optuna.Study) -> list[FrozenTrial] | None:
 
 
 def counted(trial: FrozenTrial) -> bool:
-    """A trial that uses up the budget: finished and counted by the store, or running somewhere now."""
-    return trial.state == TrialState.RUNNING or store.is_finished(trial)
+    """A trial that uses up the budget: finished and counted by the store, or running somewhere now; a drift
+    re-measurement never does."""
+    return (trial.state == TrialState.RUNNING or store.is_finished(trial)) and not store.is_remeasurement(trial)
 
 
 def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:
@@ -192,7 +195,7 @@ class SharedBudget:
                 trials = self._reclaimed_trials()
                 used = sum(1 for t in trials if counted(t))
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-                if used < self.trials:
+                if used < self.trials or store.waiting_remeasurements(trials):
                     with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
                         trial = self.study.ask(dists)
@@ -240,16 +243,17 @@ def parse_gpus(text: str) -> list[str]:
     return [",".join(group) for group in groups]
 
 
-def start_per_gpu(gpus: list[str], worker_args: list[str]) -> int:
+def start_per_gpu(gpus: list[str], worker_args: list[str], storage: str) -> int:
     """One `autoinfer worker` child per GPU (or group), each seeing only its GPUs; waits for all, returns the worst
-    exit code.
+    exit code. The storage URL reaches them in the environment (readable only by this user), never in their argv,
+    where `ps` would show its password to everyone.
 
     Ctrl-C reaches the children from the terminal (same process group); SIGTERM is passed on to them. A child that
     stops mid-trial leaves the trial to the heartbeat: another worker fails it and runs its configuration again.
     """
     children = []
     for gpu in gpus:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", STORAGE_ENV: storage}
         argv = [sys.executable, "-c", "from autoinfer.cli import main; main()", "worker", *worker_args]
         children.append(subprocess.Popen(argv, env=env))
 

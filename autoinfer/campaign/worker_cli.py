@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from autoinfer.errors import UserError
+from autoinfer.paths import STORAGE_ENV
+from autoinfer.store.redact import redact_url
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +20,9 @@ def register(app: typer.Typer) -> None:
 def worker(
     campaign_file: Optional[Path] = typer.Argument(None, help="Campaign YAML; needed only to create the study."),
     study: str = typer.Option(..., "--study", help="Study to join."),
-    storage: str = typer.Option(..., "--storage", help="Shared storage URL: postgresql://USER@HOST/DB."),
+    storage: str = typer.Option(..., "--storage", envvar=STORAGE_ENV, show_envvar=True,
+                                help="Shared storage URL: postgresql://USER@HOST/DB (or set the environment "
+                                "variable, which keeps its password off the process list)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU, e.g. 0,1, or per group of GPUs, "
                                        "e.g. 0+1,2+3 (sets CUDA_VISIBLE_DEVICES for each)."),
     quiet: bool = typer.Option(False, "--quiet", help="No live display."),
@@ -25,15 +30,16 @@ def worker(
     """Run trials of a study until its budget is spent; start as many workers as machines (or GPUs) you have."""
     from autoinfer.campaign import worker as shared
 
+    os.environ.pop(STORAGE_ENV, None)  # read once; trial processes started from here do not inherit it
     shared.check_url(storage)
     if gpus is not None:
         items = shared.parse_gpus(gpus)
         if len(items) > 1 and not shared.is_shared(storage):
-            raise UserError(f"--gpus {gpus} starts {len(items)} workers, but {storage} allows one worker per study; "
+            raise UserError(f"--gpus {gpus} starts {len(items)} workers, but {redact_url(storage)} allows one worker per study; "
                             "use a PostgreSQL storage (README: Several machines)")
         args = [str(campaign_file)] if campaign_file else []
-        args += ["--study", study, "--storage", storage] + (["--quiet"] if quiet or len(items) > 1 else [])
-        code = shared.start_per_gpu(items, args)
+        args += ["--study", study] + (["--quiet"] if quiet or len(items) > 1 else [])
+        code = shared.start_per_gpu(items, args, storage)
         if code:
             raise typer.Exit(code)
         if not quiet:
@@ -66,7 +72,7 @@ def _join(campaign_file: Path | None, study: str, storage: str, quiet: bool) -> 
     else:
         campaign = stored_campaign(load_study(study, storage))
         if campaign is None:
-            raise UserError(f"study {study!r} in {storage} has no campaign stored; pass the campaign file once")
+            raise UserError(f"study {study!r} in {redact_url(storage)} has no campaign stored; pass the campaign file once")
     result = sweep(campaign, study_name=study, storage=storage, progress=not quiet)
     typer.echo(f"worker done: {result.ran} trial(s) measured here")
     if not quiet:

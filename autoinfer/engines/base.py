@@ -7,6 +7,8 @@ and the reference engine are interchangeable in a sweep.
 
 from __future__ import annotations
 
+import inspect
+
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -102,6 +104,23 @@ class TrialConfig:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A setting an engine imposes on every trial, and why: e.g. repack 0 because its build's smoke run crashed with
+    weight repacking on. The loop prints it, records it on the study and puts it in every trial's configuration."""
+
+    knob: str
+    value: Any
+    reason: str
+
+
+def impose(config: TrialConfig, decisions: tuple[Decision, ...]) -> TrialConfig:
+    """`config` with the imposed settings in place (a campaign that sets one otherwise is refused up front)."""
+    if not decisions:
+        return config
+    return config.with_(extra=tuple({**dict(config.extra), **{d.knob: d.value for d in decisions}}.items()))
+
+
 def median(samples: tuple[float, ...] | list[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
@@ -169,6 +188,9 @@ class Engine(Protocol):
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         """Measure one configuration. Never raises for a failed trial: failures are Measurements."""
 
+    def decisions(self) -> tuple[Decision, ...]:
+        """Settings this engine must impose on every trial here (after check()); usually none."""
+
 
 _FACTORIES: dict[str, Callable[..., Engine]] = {}
 
@@ -201,4 +223,17 @@ def create(name: str, **options: Any) -> Engine:
             importlib.import_module(ENGINE_MODULES[name])
         except ModuleNotFoundError as exc:
             raise UserError(f"engine {name!r} is not available: {exc}; install its extra") from exc
-    return _FACTORIES[name](**options)
+    factory = _FACTORIES[name]
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError:
+        params = [p for p in inspect.signature(factory).parameters.values() if p.kind is p.KEYWORD_ONLY
+                  or p.kind is p.POSITIONAL_OR_KEYWORD]
+        unknown = sorted(set(options) - {p.name for p in params})
+        raise UserError(f"engine_options.{unknown[0] if unknown else ''}: engine {name!r} takes "
+                        f"{', '.join(p.name for p in params) or 'no options'}") from None
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as exc:  # an option of the wrong kind, e.g. a number where a path belongs
+        raise UserError(f"engine_options of engine {name!r}: {str(exc).splitlines()[0]}; check each option's "
+                        "value against the README") from None

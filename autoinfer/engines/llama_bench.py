@@ -9,6 +9,7 @@ happen (llama-server) use it to cut hopeless trials short.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import replace
 from typing import Any
@@ -74,7 +75,21 @@ def samples_of(record: dict[str, Any]) -> tuple[tuple[float, ...], bool]:
 
 
 def measurement_from_json(text: str, config: TrialConfig) -> Measurement:
-    """Samples, engine time and environment from llama-bench JSON output (exit status 0 assumed)."""
+    """Samples, engine time and environment from llama-bench JSON output (exit status 0 assumed); a malformed
+    record (a null count, a negative or infinite sample, nesting deeper than the JSON parser goes) is bad_output."""
+    try:
+        m = _measurement(text, config)
+    except (TypeError, ValueError, OverflowError, KeyError, RecursionError) as exc:
+        return Measurement(Outcome.BAD_OUTPUT, reason=f"llama-bench printed a malformed record ({exc})"[:500],
+                           raw_output=text)
+    bad = [v for v in (*m.tg_samples, *m.pp_samples) if not math.isfinite(v) or v <= 0]
+    if bad:
+        return Measurement(Outcome.BAD_OUTPUT, reason=f"llama-bench reported an impossible rate {bad[0]!r} tok/s",
+                           raw_output=text)
+    return m
+
+
+def _measurement(text: str, config: TrialConfig) -> Measurement:
     records = parse_records(text)
     by_kind = {k: r for r in records if (k := _kind(r))}
     wanted = [k for k, n in (("pp", config.n_prompt), ("tg", config.n_gen)) if n > 0]
@@ -132,7 +147,8 @@ class LlamaBenchEngine(LlamaToolsEngine):
                    "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method}
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
-                                               rss_peak_mib=res.rss_peak_mib)
-            return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env, **common)
+                                               rss_peak_mib=res.rss_peak_mib, crash=res.crash)
+            return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env,
+                               metrics=res.crash.as_metrics() if res.crash else {}, **common)
         m = measurement_from_json(res.stdout, config)
         return replace(m, env={**run_env, **m.env}, **common)

@@ -14,8 +14,10 @@ import signal as signals
 from pathlib import Path
 from typing import Any, Iterable
 
-from autoinfer.engines.base import Outcome, TrialConfig
+from autoinfer.engines.base import Decision, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.llama.build import working_tools
+from autoinfer.measure.crash import Crash, signal_name
 
 _REASON_CHARS = 240
 
@@ -65,16 +67,11 @@ def telling_line(stderr: str) -> str:
     return _short(lines[-1]) if lines else ""
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signals.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
 def classify_failure(returncode: int | None, signal: int | None, timed_out: bool, stderr: str, *,
-                     rss_peak_mib: float | None = None, ram_limit_mib: float | None = None) -> tuple[Outcome, str]:
-    """The outcome of a llama.cpp run that did not succeed, and the stderr line that shows why."""
+                     rss_peak_mib: float | None = None, ram_limit_mib: float | None = None,
+                     crash: Crash | None = None) -> tuple[Outcome, str]:
+    """The outcome of a llama.cpp run that did not succeed, and the stderr line that shows why. A death by a signal
+    says what the signal means and, when `crash` found it, which component faulted."""
     lines = stderr.splitlines()
     if timed_out:
         return Outcome.TIMEOUT, "ran past the timeout; the process group was killed"
@@ -92,8 +89,10 @@ def classify_failure(returncode: int | None, signal: int | None, timed_out: bool
             return Outcome.OOM, (f"killed by SIGKILL at a peak RSS of {rss_peak_mib:.0f} MiB of "
                                  f"{ram_limit_mib:.0f} MiB (the kernel's OOM killer)")
     last = telling_line(stderr)
+    if crash is not None:
+        return Outcome.CRASH, f"killed by {crash.describe()}" + (f"; last stderr line: {last}" if last else "")
     if signal is not None:
-        return Outcome.CRASH, f"killed by {_signal_name(signal)}" + (f": {last}" if last else "")
+        return Outcome.CRASH, f"killed by {signal_name(signal)}" + (f": {last}" if last else "")
     return Outcome.CRASH, f"exit status {returncode}" + (f": {last}" if last else "")
 
 
@@ -122,14 +121,19 @@ class LlamaToolsEngine:
 
     @property
     def tools(self) -> Any:
+        """The build, smoke-run before first use (autoinfer.llama.build.working_tools)."""
         if self._tools is None:
-            from autoinfer.llama.binaries import find_tools
-
-            self._tools = find_tools(self._llama_bin, build_if_missing=True)
+            self._tools = working_tools(self._llama_bin)
         return self._tools
 
     def check(self) -> None:
         self.tools.tool(self.binary)
+
+    def decisions(self) -> tuple[Decision, ...]:
+        """Repack off on a build whose smoke run crashed with weight repacking on."""
+        if self.tools.repack_off and "repack" in getattr(self, "supported", frozenset()):
+            return (Decision("repack", 0, self.tools.decision),)
+        return ()
 
     @staticmethod
     def refusal(config: TrialConfig) -> str | None:
@@ -162,12 +166,12 @@ class _Args:
 
 
 BENCH_EXTRAS = {"prio": "--prio", "cpu_mask": "-C", "cpu_strict": "--cpu-strict", "delay": "--delay",
-                "poll": "--poll", "split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg"}
+                "poll": "--poll", "split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg", "repack": "--repack"}
 #: Several GPUs (autoinfer.campaign.hardware.multi_gpu_space); tensor_split is written "3/1" as llama-bench takes it.
 MULTI_GPU_EXTRAS = {"split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg"}
 #: llama.cpp defaults of the extras, so a build lacking the flag still runs a campaign that leaves them alone.
 _BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "delay": 0, "poll": 50,
-                         "split_mode": "layer", "tensor_split": None, "main_gpu": 0}
+                         "split_mode": "layer", "tensor_split": None, "main_gpu": 0, "repack": 1}
 
 
 def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
@@ -177,7 +181,15 @@ def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     flags of the current llama.cpp are assumed (for exported commands).
     """
     supported = tools.help_flags("llama-bench") if tools is not None else None
-    return bench_args_for(config, supported)
+    return bench_args_for(_repack_imposed(config, tools), supported)
+
+
+def _repack_imposed(config: TrialConfig, tools: Any | None) -> TrialConfig:
+    """A build whose smoke run needs repack off never runs with it on, whatever path the configuration took (a
+    configuration stored before the decision, a drift anchor): the sweep also records it in the configuration."""
+    if tools is not None and getattr(tools, "repack_off", False) and config.get("repack") is None:
+        return config.with_(extra=(*config.extra, ("repack", 0)))
+    return config
 
 
 def _batch_cache_placement(a: _Args, config: TrialConfig) -> None:
@@ -234,6 +246,7 @@ def server_context(config: TrialConfig) -> int:
 def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     """llama-server flags for one configuration; --host/--port are the server engine's to add."""
     a = _Args("llama-server", tools.help_flags("llama-server") if tools is not None else None)
+    config = _repack_imposed(config, tools)
     a.argv += ["-m", str(config.model)]
     if config.threads is not None:
         a.add("-t", config.threads, name="threads")
@@ -254,5 +267,12 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
         value = config.get(name)
         if value is not None:
             a.add(flag, str(value).replace("/", ","), name=name)
+    repack = config.get("repack")
+    if repack is not None and not int(repack):  # llama-server spells it as a switch: --no-repack (-nr)
+        flag = next((f for f in ("--no-repack", "-nr") if a.has(f)), None)
+        if flag is None:
+            raise UserError("this llama-server build has no --no-repack flag, needed for repack=0; build a newer "
+                            "llama.cpp (`autoinfer build`) or drop repack from the campaign")
+        a.argv.append(flag)
     a.add("-c", server_context(config), name="ctx_size")
     return a.argv

@@ -30,7 +30,7 @@ CHILD_MODULE = "autoinfer.engines.llama_cpp_python_child"
 #: TrialConfig fields Llama() can express, and the extra knobs it has beyond them.
 SUPPORTED_FIELDS = frozenset({"model", "n_gpu_layers", "threads", "batch", "ubatch", "type_k", "type_v",
                               "flash_attn", "load_mode", "n_prompt", "n_gen", "repetitions"})
-EXTRAS = frozenset({"threads_batch", "op_offload", "offload_kqv", "ctx_size"})
+EXTRAS = frozenset({"threads_batch", "op_offload", "offload_kqv", "ctx_size", "repack"})
 _LOAD_MODES = {"mmap": (True, False), "none": (False, False), "mlock": (False, True), "mmap+mlock": (True, True)}
 #: ggml_type enum values (stable ABI; the bindings lack GGML_TYPE_BF16).
 _GGML_TYPE_IDS = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
@@ -122,8 +122,9 @@ class LlamaCppPythonEngine(LlamaToolsEngine):
                             "`pip install 'autoinfer[python]'`")
 
     def command(self, config: TrialConfig) -> list[str]:
+        repack = config.get("repack", 0 if self.tools.repack_off else None)
         spec = {"kwargs": llama_kwargs(config), "n_prompt": config.n_prompt, "n_gen": config.n_gen,
-                "repetitions": config.repetitions}
+                "repetitions": config.repetitions, "repack": None if repack is None else int(repack)}
         return [sys.executable, "-m", CHILD_MODULE, json.dumps(spec)]
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
@@ -140,8 +141,9 @@ class LlamaCppPythonEngine(LlamaToolsEngine):
                                       raw_output=res.stdout)
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
-                                               rss_peak_mib=res.rss_peak_mib)
-            return Measurement(outcome, reason=reason, env=env, **common)
+                                               rss_peak_mib=res.rss_peak_mib, crash=res.crash)
+            return Measurement(outcome, reason=reason, env=env, metrics=res.crash.as_metrics() if res.crash else {},
+                               **common)
         try:
             result = json.loads(res.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):

@@ -31,6 +31,8 @@ def _decode(llama_cpp: Any, ctx: Any, tokens: list[int], n_batch: int) -> None:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
+    if spec.get("repack") is not None:
+        _set_repack(llama_cpp, bool(spec["repack"]))
     started = time.perf_counter()
     llm = llama_cpp.Llama(**spec["kwargs"])
     load_s = time.perf_counter() - started
@@ -71,6 +73,20 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return {"pp": pp, "tg": tg, "load_s": load_s, "perf": raw, "version": llama_cpp.__version__,
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
             "library": _library_path(llama_cpp)}
+
+
+def _set_repack(llama_cpp: Any, on: bool) -> None:
+    """Llama() has no argument for weight repacking (llama_model_params.use_extra_bufts) and ignores unknown ones;
+    it starts its model parameters from llama_model_default_params(), so the field is set there."""
+    bindings = llama_cpp.llama_cpp
+    defaults = bindings.llama_model_default_params
+
+    def with_repack() -> Any:
+        params = defaults()
+        params.use_extra_bufts = on
+        return params
+
+    bindings.llama_model_default_params = with_repack
 
 
 def _library_path(llama_cpp: Any) -> str:

@@ -28,7 +28,7 @@ from autoinfer.measure.process import IsolatedProcess
 
 #: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and
 #: the split over several GPUs.
-SERVER_EXTRAS = frozenset({"threads_batch", "ctx_size", "parallel", *MULTI_GPU_EXTRAS})
+SERVER_EXTRAS = frozenset({"threads_batch", "ctx_size", "parallel", "repack", *MULTI_GPU_EXTRAS})
 PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 _POLL_S = 0.05
 _WARMUP_TOKENS = (8, 2)  # prompt and generated tokens of the warm-up request
@@ -197,8 +197,9 @@ class LlamaServerEngine(LlamaToolsEngine):
             outcome, reason = failure
             if outcome is None:  # the server died: its exit status and stderr say why
                 outcome, reason = classify_failure(res.returncode, res.signal, False, res.stderr,
-                                                   rss_peak_mib=res.rss_peak_mib)
-            return Measurement(outcome, reason=reason, **common)
+                                                   rss_peak_mib=res.rss_peak_mib, crash=res.crash)
+            return Measurement(outcome, reason=reason, metrics=res.crash.as_metrics() if res.crash else {},
+                               **common)
         return Measurement(**result, **common)
 
 

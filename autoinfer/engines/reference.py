@@ -73,8 +73,9 @@ class ReferenceEngineRunner:
             if not res.timed_out and res.returncode in _EXIT_OUTCOMES:
                 return Measurement(_EXIT_OUTCOMES[res.returncode], reason=_error_line(res.stderr), **common)
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
-                                               rss_peak_mib=res.rss_peak_mib)
-            return Measurement(outcome, reason=reason, **common)
+                                               rss_peak_mib=res.rss_peak_mib, crash=res.crash)
+            return Measurement(outcome, reason=reason, metrics=res.crash.as_metrics() if res.crash else {},
+                               **common)
         data = _last_json(res.stdout)
         if data is None:
             return Measurement(Outcome.BAD_OUTPUT, reason="the worker exited 0 without a JSON line", **common)

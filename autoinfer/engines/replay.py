@@ -11,6 +11,7 @@ model so the memory model can be used on the table without the GGUF.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -42,7 +43,47 @@ def read_table(path: Path) -> pd.DataFrame:
         raise UserError(f"replay table {path} has no 'tg' or 'pp' column; add the measured tok/s")
     if not parameter_columns(df):
         raise UserError(f"replay table {path} has no parameter columns besides {', '.join(RESULT_COLUMNS)}")
+    for column in df.columns:
+        if df[column].isna().all():
+            raise UserError(f"replay table {path}: column {column!r} is empty; fill it in or delete it")
+        if pd.api.types.is_bool_dtype(df[column]):  # True/False: a choice between two labels, not a number
+            df[column] = df[column].astype(str)
+    for column in ("tg", "pp", "vram_mib", "rss_mib", "wall_s"):
+        if column in df and not pd.api.types.is_numeric_dtype(df[column]):
+            bad = [v for v in df[column].dropna() if _not_number(v)]
+            if bad:
+                raise UserError(f"replay table {path}: column {column!r} holds {str(bad[0])[:40]!r}, not a number; "
+                                "give tok/s and MiB as numbers")
+            df[column] = [float(str(v)) for v in df[column]]  # long digit strings become inf, refused below
+        if column in df and not np.isfinite(df[column].dropna().to_numpy(dtype=float)).all():
+            raise UserError(f"replay table {path}: column {column!r} holds an infinite value; give finite numbers")
+        if column in df and (df[column].dropna() < 0).any():
+            raise UserError(f"replay table {path}: column {column!r} holds a negative value; rates and MiB are >= 0")
+    if "outcome" in df:
+        known = {o.value for o in Outcome}
+        bad = [v for v in df["outcome"].dropna() if str(v) not in known]
+        if bad:
+            raise UserError(f"replay table {path}: outcome {str(bad[0])[:40]!r} is not one of {', '.join(sorted(known))}")
+    for column in ("tg_samples", "pp_samples"):
+        if column in df:
+            for value in df[column].dropna():
+                if _not_number_list(value):
+                    raise UserError(f"replay table {path}: {column} {str(value)[:40]!r} is not space-separated "
+                                    "numbers")
     return df
+
+
+def _not_number(value: object) -> bool:
+    try:
+        float(str(value))
+    except ValueError:
+        return True
+    return False
+
+
+def _not_number_list(value: object) -> bool:
+    """Not a space-separated list of finite, non-negative numbers."""
+    return not isinstance(value, str) or any(_not_number(v) or not 0 <= float(v) < math.inf for v in value.split())
 
 
 PER_GPU_COLUMN = re.compile(r"vram_gpu(\d+)_mib")

@@ -68,7 +68,14 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
     notes = {"type_k": f"ggml_type {config.type_k}", "type_v": f"ggml_type {config.type_v}",
              "n_ctx": "the context the measurement used; raise it for longer prompts"}
     lines = [f"# autoinfer: study {study!r}, trial {best.trial.number} ({engine}), objective {best.value:.4g}",
-             "from llama_cpp import Llama", "", "llm = Llama("]
+             "from llama_cpp import Llama", ""]
+    repack = config.get("repack")
+    if repack is not None and not int(repack):  # Llama() has no keyword for it: set it where Llama() starts from
+        lines += ["import llama_cpp.llama_cpp as bindings", "", "_defaults = bindings.llama_model_default_params", "",
+                  "", "def _without_repack():  # weight repacking off, as measured (llama_model_params.use_extra_bufts)",
+                  "    params = _defaults()", "    params.use_extra_bufts = False", "    return params", "", "",
+                  "bindings.llama_model_default_params = _without_repack", ""]
+    lines.append("llm = Llama(")
     for name, value in kwargs.items():
         note = f"  # {notes[name]}" if name in notes else ""
         lines.append(f"    {name}={value!r},{note}")

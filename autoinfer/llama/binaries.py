@@ -34,6 +34,9 @@ class Tools:
     commit: str
     flags: tuple[str, ...]
     cuda: bool
+    #: The smoke run (autoinfer.llama.smoke) found weight repacking crashes this build: engines turn it off.
+    repack_off: bool = False
+    decision: str = ""  # the smoke run's decision in words, when it changed how the build is used
 
     def tool(self, name: str) -> Path:
         """Path of one binary (e.g. "llama-bench"); a UserError names the tool when this build lacks it."""

@@ -19,19 +19,21 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoinfer.errors import UserError
-from autoinfer.llama.binaries import TOOL_NAMES, Tools
+from autoinfer.llama import smoke
+from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, Tools, find_tools
 from autoinfer.paths import cache_dir
 
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_BYTES = 76_589_250
 SDIST_DIR = f"llama_cpp_python-{SDIST_VERSION}"
 MANIFEST = "build.json"
 BASE_FLAGS = (
@@ -46,6 +48,18 @@ BASE_FLAGS = (
 #: What `autoinfer build` compiles (llama-imatrix serves `model quantize --imatrix auto`). Part of the cache key, so a
 #: build made before a target was added is not mistaken for one that has it.
 BUILD_TARGETS = TOOL_NAMES
+#: x86 ISA options of ggml (ggml/CMakeLists.txt; used by ggml/src/ggml-cpu/CMakeLists.txt when GGML_NATIVE=OFF) and
+#: the /proc/cpuinfo flags each needs. A fallback build sets every one explicitly instead of -march=native.
+ISA_OPTIONS = {
+    "GGML_SSE42": ("sse4_2",), "GGML_F16C": ("f16c",), "GGML_FMA": ("fma",), "GGML_BMI2": ("bmi2",),
+    "GGML_AVX": ("avx",), "GGML_AVX2": ("avx2",), "GGML_AVX_VNNI": ("avx_vnni",),
+    "GGML_AVX512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),
+    "GGML_AVX512_VBMI": ("avx512vbmi",), "GGML_AVX512_VNNI": ("avx512_vnni",), "GGML_AVX512_BF16": ("avx512_bf16",),
+    "GGML_AMX_TILE": ("amx_tile",), "GGML_AMX_INT8": ("amx_int8",), "GGML_AMX_BF16": ("amx_bf16",),
+}
+_AMX = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+#: CPU features a fallback build can leave out, with the options that carry them (AMX kernels need AVX-512 VNNI).
+FEATURES = {"amx": _AMX, "avx512": ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", *_AMX)}
 _SOURCE_DIRS = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "app", "vendor")
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 _CUDA_ARCH = re.compile(r"(\d+[a-z]?(-real|-virtual)?)(;\d+[a-z]?(-real|-virtual)?)*|native|all|all-major")
@@ -65,6 +79,8 @@ class CachedBuild:
     from_pinned_sdist: bool
     built_at: float
     build_s: float
+    cpu_features_off: tuple[str, ...] = ()  # a fallback build's left-out CPU features (FEATURES)
+    fallback_reason: str = ""  # the smoke failure of the build it replaces
 
     def tools(self) -> Tools:
         bin_dir = self.path / "bin"
@@ -86,6 +102,7 @@ def cached_builds() -> list[CachedBuild]:
             key=data["key"], path=manifest.parent, commit=data["commit"], flags=tuple(data["flags"]),
             cuda=data["cuda"], cuda_arch=data["cuda_arch"], source=data["source"],
             from_pinned_sdist=data["from_pinned_sdist"], built_at=data["built_at"], build_s=data["build_s"],
+            cpu_features_off=tuple(data.get("cpu_features_off", ())), fallback_reason=data.get("fallback_reason", ""),
         ))
     return found
 
@@ -128,10 +145,11 @@ def _download_sdist(src_root: Path) -> Path:
         with tempfile.TemporaryDirectory(dir=src_root) as tmp:
             argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
-            done = subprocess.run(argv, check=False, capture_output=True, text=True)
+            returncode, stderr = watched_download(argv, Path(tmp), archive.name, SDIST_BYTES,
+                                                  f"the llama.cpp source ({SDIST_NAME} {SDIST_VERSION})")
             fetched = Path(tmp) / archive.name
-            if done.returncode != 0 or not fetched.is_file():
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            if returncode != 0 or not fetched.is_file():
+                last = (stderr.strip().splitlines() or ["no output"])[-1]
                 raise UserError(f"pip could not download {SDIST_NAME}=={SDIST_VERSION} ({last}); "
                                 f"check the network or pass --source with a llama.cpp checkout")
             os.replace(fetched, archive)
@@ -141,6 +159,30 @@ def _download_sdist(src_root: Path) -> Path:
         raise UserError(f"{archive.name} has sha256 {digest}, expected {SDIST_SHA256}; the download was altered, "
                         f"retry or pass --source with a llama.cpp checkout")
     return archive
+
+
+def watched_download(argv: list[str], folder: Path, name: str, total: int, what: str,
+                     every_s: float = 3.0) -> tuple[int, str]:
+    """Run a download command whose temporary files go under `folder` (TMPDIR), printing on stderr every `every_s`
+    seconds how much of the files called `name` has arrived: pip shows nothing when its output is captured.
+    Returns (exit status, stderr)."""
+    work = folder / ".download"
+    work.mkdir()
+    with open(folder / ".stderr", "w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "TMPDIR": str(work)})
+        started = time.monotonic()
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=every_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    got = sum(f.stat().st_size for f in work.rglob(name))
+                except FileNotFoundError:  # the downloader moved a file or folder while it was counted
+                    continue
+                print(f"downloading {what}: {got / 1e6:.1f} of {total / 1e6:.1f} MB, "
+                      f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        err.seek(0)
+        return proc.returncode, err.read()
 
 
 def _sha256(path: Path) -> str:
@@ -224,9 +266,43 @@ def _build_tools() -> tuple[Path, Path]:
     return Path(cmake), Path(ninja)
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (/proc/cpuinfo), empty where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def variant_flags(flags: frozenset[str], off: tuple[str, ...]) -> list[str]:
+    """CMake definitions of a fallback CPU build: no -march=native, every ISA option this CPU has on, except the
+    options of the features in `off`; every other option off (ggml turns some on by default without native)."""
+    unknown = [f for f in off if f not in FEATURES]
+    if unknown:
+        raise UserError(f"unknown CPU feature {unknown[0]!r} to leave out; use one of {', '.join(FEATURES)}")
+    if not flags & {"avx", "sse4_2"}:
+        raise UserError("a build without a CPU feature needs x86 CPU flags in /proc/cpuinfo, and none were found; "
+                        "build llama.cpp yourself and pass --llama-bin")
+    dropped = {opt for feature in off for opt in FEATURES[feature]}
+    return ["GGML_NATIVE=OFF"] + [f"{opt}={'ON' if all(f in flags for f in need) and opt not in dropped else 'OFF'}"
+                                  for opt, need in ISA_OPTIONS.items()]
+
+
+def build_key(commit: str, content: str, flags: list[str], variant: str) -> str:
+    """The cache folder name: commit, variant and a digest of everything that changes the binaries."""
+    digest = hashlib.sha256(json.dumps([commit, content, flags, BUILD_TARGETS]).encode()).hexdigest()[:10]
+    return f"{commit}-{variant}-{digest}"
+
+
 def build(source: Path | None = None, *, cuda: bool = False, cuda_arch: str | None = None,
-          console: Console | None = None) -> Tools:
-    """Build the llama.cpp tools and shared libraries, or return the cached build of the same (commit, flags)."""
+          console: Console | None = None, cpu_features_off: tuple[str, ...] = (), fallback_reason: str = "",
+          smoke_again: bool = False) -> Tools:
+    """Build the llama.cpp tools and shared libraries, or return the cached build of the same (commit, flags); then
+    make sure it runs (checked: smoke run, repack off or a build without the failing CPU feature).
+
+    `cpu_features_off` makes a fallback build (GGML_NATIVE=OFF, explicit ISA options) with its own cache key."""
     if cuda_arch and not cuda:
         raise UserError("--cuda-arch only applies to CUDA builds; add --cuda or drop --cuda-arch")
     if cuda_arch and not _CUDA_ARCH.fullmatch(cuda_arch):
@@ -239,17 +315,77 @@ def build(source: Path | None = None, *, cuda: bool = False, cuda_arch: str | No
         cuda_arch = cuda_arch or _default_cuda_arch()
         flags += ["GGML_CUDA=ON", f"CMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
     variant = f"cuda{cuda_arch.replace(';', '_')}" if cuda else "cpu"
-    digest = hashlib.sha256(json.dumps([commit, content, flags, BUILD_TARGETS]).encode()).hexdigest()[:10]
-    key = f"{commit}-{variant}-{digest}"
+    if cpu_features_off:
+        flags += variant_flags(cpu_flags(), cpu_features_off)
+        variant += "-no" + "-no".join(cpu_features_off)
+    key = build_key(commit, content, flags, variant)
     final = builds_dir() / key
+    console = console or Console(stderr=True)
     with _locked(builds_dir() / f".{key}.lock"):
         if not (final / MANIFEST).is_file():
-            _build_into(final, source, commit, tuple(flags), cuda, cuda_arch, pinned, console or Console(stderr=True))
-    return next(b for b in cached_builds() if b.key == key).tools()
+            _build_into(final, source, commit, tuple(flags), cuda, cuda_arch, pinned, console,
+                        {"cpu_features_off": list(cpu_features_off), "fallback_reason": fallback_reason})
+    return checked(next(b for b in cached_builds() if b.key == key).tools(), console, smoke_again=smoke_again)
+
+
+def working_tools(llama_bin: Path | None = None, *, cuda: bool | None = None,
+                  console: Console | None = None) -> Tools:
+    """The llama.cpp build to use (binaries.find_tools, built on first use), smoke-run and made to work."""
+    return checked(find_tools(llama_bin, cuda=cuda, build_if_missing=True), console or Console(stderr=True))
+
+
+def checked(tools: Tools, console: Console, *, smoke_again: bool = False) -> Tools:
+    """A build that ran its smoke run: as it is, with repack off, or replaced by a build without the CPU feature
+    that crashes. Every decision is printed here and recorded (smoke.json, the fallback build's manifest)."""
+    record = None if smoke_again else smoke.load(tools)
+    if record is None:
+        console.print(f"smoke run of llama.cpp {tools.commit} ({tools.bin_dir}): llama-bench on the tiny model, "
+                      f"weight types {', '.join(smoke.SMOKE_TYPES)}", soft_wrap=True)
+        record = smoke.run(tools)
+        console.print(f"smoke run: {record.summary()}", soft_wrap=True, markup=False)
+        if record.verdict != "ok":
+            console.print(f"decision: {record.decision} (recorded in {smoke.record_path(tools)})", soft_wrap=True,
+                          markup=False)
+    if record.verdict in ("ok", "unverified"):
+        return tools
+    if record.repack_off:
+        return replace(tools, repack_off=True, decision=record.decision)
+    return _fallback(tools, record, console)
+
+
+def features_to_leave_out(record: smoke.SmokeRecord) -> list[tuple[str, ...]]:
+    """Fallback builds to try, in order: the feature the crash names (AMX or AVX-512), else AMX first (what VMs
+    most often refuse), then AMX and AVX-512 together."""
+    text = " ".join(f"{r.component or ''} {r.reason}" for r in record.failures).lower()
+    first = ("avx512",) if "avx512" in text and "amx" not in text else ("amx",)
+    return [first] if first == ("avx512",) else [first, ("amx", "avx512")]
+
+
+def _fallback(tools: Tools, record: smoke.SmokeRecord, console: Console) -> Tools:
+    failure = next(r for r in record.failures if r.signal)
+    made = next((b for b in cached_builds() if b.path == tools.bin_dir.parent), None)
+    also = " even with --repack 0" if any(r.repack == 0 for r in record.failures) else ""
+    if made is None:
+        host = cpu_flags()
+        flags = " ".join(f"-D{f}" for f in variant_flags(host, ("amx",))) if host & {"avx"} else "-DGGML_NATIVE=OFF"
+        raise UserError(f"llama-bench in {tools.bin_dir} crashes on {failure.qtype} weights{also} ({failure.reason}); "
+                        f"rebuild it with {flags}, or drop --llama-bin/{ENV_VAR} so `autoinfer build` makes one")
+    for off in features_to_leave_out(record):
+        if set(off) <= set(made.cpu_features_off):
+            continue
+        console.print(f"decision: rebuilding llama.cpp {made.commit} without {' and '.join(o.upper() for o in off)} "
+                      f"(GGML_NATIVE=OFF, explicit ISA options) because {failure.qtype} crashes{also}: "
+                      f"{failure.reason}", soft_wrap=True, markup=False)
+        return build(None if made.from_pinned_sdist else Path(made.source), cuda=made.cuda, cuda_arch=made.cuda_arch,
+                     console=console, cpu_features_off=tuple(sorted({*made.cpu_features_off, *off})),
+                     fallback_reason=f"{made.key}: {failure.reason}")
+    raise UserError(f"llama.cpp {made.commit} crashes on {failure.qtype} weights{also} even built without "
+                    f"{' and '.join(made.cpu_features_off).upper() or 'the features it could leave out'} "
+                    f"({failure.reason}); build llama.cpp for this CPU yourself and pass --llama-bin")
 
 
 def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], cuda: bool, cuda_arch: str | None,
-                pinned: bool, console: Console) -> None:
+                pinned: bool, console: Console, extra: dict[str, object]) -> None:
     """Configure and build in a temporary folder, keep bin/ and the log, then rename it into place atomically."""
     cmake, ninja = _build_tools()
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
@@ -281,7 +417,7 @@ def _build_into(final: Path, source: Path, commit: str, flags: tuple[str, ...], 
         "key": final.name, "commit": commit, "flags": list(flags), "cuda": cuda, "cuda_arch": cuda_arch,
         "source": str(source), "from_pinned_sdist": pinned,
         "sdist": {"name": SDIST_NAME, "version": SDIST_VERSION, "sha256": SDIST_SHA256} if pinned else None,
-        "tools": list(BUILD_TARGETS), "built_at": time.time(), "build_s": round(time.time() - started, 1),
+        "tools": list(BUILD_TARGETS), "built_at": time.time(), "build_s": round(time.time() - started, 1), **extra,
     }
     (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)  # a folder left without its manifest is not a build

@@ -33,13 +33,16 @@ def build_command(
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA architecture, e.g. 90 (default: GPU 0's)."),
     source: Optional[Path] = typer.Option(None, "--source", help="llama.cpp checkout (default: the pinned sdist's)."),
 ) -> None:
-    """Build llama-bench, llama-server, llama-cli, llama-perplexity, llama-quantize, llama-fit-params and libllama."""
+    """Build llama-bench, llama-server, llama-cli, llama-perplexity, llama-quantize, llama-fit-params and libllama,
+    then smoke-run llama-bench on the tiny model for every weight type (again, if the build was cached)."""
     from autoinfer.llama.build import build
 
     console = Console()
-    tools = build(source, cuda=cuda, cuda_arch=cuda_arch, console=Console(stderr=True))
+    tools = build(source, cuda=cuda, cuda_arch=cuda_arch, console=Console(stderr=True), smoke_again=True)
     console.print(f"llama.cpp {tools.commit} ({'CUDA' if tools.cuda else 'CPU'}) in")
     console.print(str(tools.bin_dir), soft_wrap=True)
+    if tools.repack_off:
+        console.print(f"runs with repack off: {tools.decision}", soft_wrap=True, markup=False)
 
 
 def doctor(
@@ -49,6 +52,8 @@ def doctor(
     console = Console()
     console.print(_builds_table())
     console.print(f"selected build: {_selected(llama_bin)}", soft_wrap=True)
+    for line in _smoke_lines(llama_bin):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     console.print(_gpu_table())
     console.print(_host_table())
     console.print(_software_table())
@@ -58,16 +63,22 @@ def _builds_table() -> Table:
     from autoinfer.llama.binaries import TOOL_NAMES
     from autoinfer.llama.build import BASE_FLAGS, builds_dir, cached_builds
 
+    from autoinfer.llama import smoke
+
     table = Table(title=f"llama.cpp builds in {builds_dir()}")
-    for column in ("key", "commit", "flags", "tools", "size", "build time"):
+    for column in ("key", "commit", "flags", "tools", "size", "build time", "smoke run"):
         table.add_column(column)
     for item in cached_builds():
+        record = smoke.load(item.tools())
         bin_dir = item.tools().bin_dir
         missing = [name for name in TOOL_NAMES if not (bin_dir / name).is_file()]
         size = sum(p.stat().st_size for p in item.path.rglob("*") if p.is_file() and not p.is_symlink())
         extra = [flag for flag in item.flags if flag not in BASE_FLAGS]
+        if item.cpu_features_off:
+            extra = [f"without {', '.join(item.cpu_features_off).upper()} (replaces {item.fallback_reason})"]
         table.add_row(item.key, item.commit, " ".join(extra) or "CPU", "missing " + ", ".join(missing) if missing
-                      else f"all {len(TOOL_NAMES)}", f"{size / 2**20:.0f} MiB", f"{item.build_s:.0f} s")
+                      else f"all {len(TOOL_NAMES)}", f"{size / 2**20:.0f} MiB", f"{item.build_s:.0f} s",
+                      record.verdict if record else "not run yet")
     if not table.row_count:
         table.caption = "none yet: run `autoinfer build`"
     return table
@@ -81,6 +92,23 @@ def _selected(llama_bin: Path | None) -> str:
     except UserError as exc:
         return f"none ({exc})"
     return f"{tools.bin_dir} (commit {tools.commit}, {'CUDA' if tools.cuda else 'CPU'})"
+
+
+def _smoke_lines(llama_bin: Path | None) -> list[str]:
+    """The selected build's smoke run (llama.smoke) and the decision it led to; it runs on first use or
+    `autoinfer build`, never here."""
+    from autoinfer.llama import smoke
+    from autoinfer.llama.binaries import find_tools
+
+    try:
+        tools = find_tools(llama_bin)
+    except UserError:
+        return []
+    record = smoke.load(tools)
+    if record is None:
+        return ["smoke run: not run yet for this binary (it runs on first use, or now with `autoinfer build`)"]
+    return [f"smoke run ({smoke.record_path(tools)}): {record.verdict}: {record.summary()}",
+            f"decision: {record.decision}"]
 
 
 def _gpu_table() -> Table:

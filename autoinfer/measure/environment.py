@@ -40,6 +40,8 @@ def model_fingerprint(path: Path) -> dict[str, Any]:
     Not a full checksum: it tells different files apart (different quantisation, seed, header), which is what a
     comparison of trials needs, without reading every byte before each trial.
     """
+    if not Path(path).is_file():  # a label, not a file (a replay table's model names the measured file elsewhere)
+        return {"path": str(path), "bytes": None, "hash": None}
     st = Path(path).stat()
     return {"path": str(path), "bytes": st.st_size, "hash": _fast_hash(str(path), st.st_size, st.st_mtime_ns)}
 

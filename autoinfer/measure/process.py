@@ -27,6 +27,7 @@ from typing import IO, Mapping, Sequence
 import psutil
 
 from autoinfer.errors import UserError
+from autoinfer.measure import crash as crashes
 from autoinfer.measure.gpu import DeviceMemoryProbe
 
 _MIB = 1024 * 1024
@@ -62,6 +63,7 @@ class ProcessResult:
     samples: tuple[Sample, ...]
     vram_method: str | None = None  # "per-process" or "device-minus-baseline"; None without a GPU
     vram_per_gpu_mib: tuple[float, ...] = ()  # peak on each measured GPU; vram_peak_mib is the largest
+    crash: crashes.Crash | None = None  # why a child that died of a signal by itself died (not our stop's signal)
 
 
 def _set_parent_death_signal(parent: int) -> None:
@@ -153,6 +155,8 @@ class IsolatedProcess:
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
         self._started = 0.0
+        self._started_boot_s = 0.0
+        self._died_by_itself = False
         self._ended: float | None = None
         self._timed_out = False
         self._result: ProcessResult | None = None
@@ -177,6 +181,7 @@ class IsolatedProcess:
             raise UserError(f"cannot start {self.argv[0]}: {exc.strerror}; check that the program exists "
                             "and is executable") from None
         self._started = time.monotonic()
+        self._started_boot_s = crashes.boot_seconds()
         try:
             self._pidfd = os.pidfd_open(self._proc.pid)
         except OSError:  # kernels before 5.3 and gVisor: _exited polls waitid instead
@@ -237,7 +242,8 @@ class IsolatedProcess:
         if self._proc is None:
             raise RuntimeError("not started")
         try:
-            if not self._exited(0):
+            self._died_by_itself = self._exited(0)
+            if not self._died_by_itself:
                 self._signal_group(signals.SIGTERM)
                 self._exited(self._grace)
         finally:
@@ -257,13 +263,16 @@ class IsolatedProcess:
         self._out.close()
         self._err.close()
         rc = self._proc.returncode
+        crash = None
+        if rc is not None and rc < 0 and self._died_by_itself and not self._timed_out:
+            crash = crashes.explain(-rc, stderr, self.argv[0], self._started_boot_s, self._env)
         peaks = self.peaks
         self._result = ProcessResult(
             argv=self.argv, returncode=rc, signal=-rc if rc is not None and rc < 0 else None,
             timed_out=self._timed_out, stdout=stdout, stderr=stderr, wall_s=self._ended - self._started,
             vram_peak_mib=peaks.vram_mib, rss_peak_mib=peaks.rss_mib, samples=tuple(self._samples),
             vram_method=next((p.method for p in self._probes if p.method), None),
-            vram_per_gpu_mib=peaks.vram_per_gpu_mib,
+            vram_per_gpu_mib=peaks.vram_per_gpu_mib, crash=crash,
         )
         return self._result
 

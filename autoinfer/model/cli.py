@@ -32,7 +32,8 @@ def synth_command(
     preset: str = typer.Option("tiny", "--preset", help="tiny | small | 35b-a3b"),
     qtype: str = typer.Option("Q8_0", "--qtype", help="F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0, K- and IQ-quants."),
     seed: int = typer.Option(0, "--seed", min=0, help="Random seed of the weights."),
-    tokenizer: str = typer.Option("none", "--tokenizer", help="none (enough for llama-bench) | qwen35 (real tokens)."),
+    tokenizer: str = typer.Option("qwen35", "--tokenizer", help="qwen35 (real tokens, fitted to the preset's "
+                                   "vocabulary) | none (llama-bench only; llama-server cannot serve it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
 ) -> None:
     """Write a random-weight qwen35moe GGUF that llama.cpp loads and runs like the real model of that shape."""

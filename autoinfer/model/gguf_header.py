@@ -24,6 +24,7 @@ from gguf import (
 
 # Arrays longer than this are counted, not read (tokenizer tokens/merges/types); layer-sized arrays are kept.
 MAX_KEPT_ARRAY = 65536
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: real files nest one level; deeper only makes every later reader recurse
 _SCALARS = {
     GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
     GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?",
@@ -90,12 +91,38 @@ class _Cursor:
         except UnicodeDecodeError:
             raise GGUFFormatError(f"{what} at byte {self.pos - n} is not UTF-8") from None
 
-    def value(self, vtype: int, what: str) -> object:
-        vtype = _value_type(vtype, what)
+    def plain(self, vtype: GGUFValueType, what: str) -> object:
+        """A string or a number."""
         if vtype == GGUFValueType.STRING:
             return self.string(what)
+        return self.scalar(_SCALARS[vtype], what)
+
+    def value(self, vtype: int, what: str) -> object:
+        """One metadata value. Arrays of arrays are read with an explicit stack (no recursion), at most
+        MAX_ARRAY_DEPTH deep."""
+        vtype = _value_type(vtype, what)
         if vtype != GGUFValueType.ARRAY:
-            return self.scalar(_SCALARS[vtype], what)
+            return self.plain(vtype, what)
+        first = self.array(what)
+        if not isinstance(first, _Pending):
+            return first
+        stack = [first]
+        while stack:
+            top = stack[-1]
+            if top.remaining == 0:
+                stack.pop()
+                continue
+            top.remaining -= 1
+            child = self.array(what)
+            top.items.append(child.items if isinstance(child, _Pending) else child)
+            if isinstance(child, _Pending):
+                if len(stack) >= MAX_ARRAY_DEPTH:
+                    raise GGUFFormatError(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+                stack.append(child)
+        return first.items
+
+    def array(self, what: str) -> "list[object] | ArrayCount | _Pending":
+        """An array's header and, unless its elements are arrays themselves, its elements."""
         etype = _value_type(self.scalar("I", what), what)
         n = self.scalar("Q", what)
         if etype in _SCALARS:
@@ -108,13 +135,23 @@ class _Cursor:
             self.pos += n * size
             return list(values)
         self.need(n * 8, what)  # every element takes at least 8 bytes (a string length or an array header)
-        if n > self.max_kept and etype == GGUFValueType.STRING:
+        if etype == GGUFValueType.ARRAY:
+            return _Pending([], n)
+        if n > self.max_kept:
             for _ in range(n):
                 length = self.scalar("Q", what)
                 self.need(length, what)
                 self.pos += length
             return ArrayCount(etype.name, n)
-        return [self.value(etype, what) for _ in range(n)]
+        return [self.string(what) for _ in range(n)]
+
+
+@dataclass
+class _Pending:
+    """An array of arrays being read: the elements so far and how many are still to come."""
+
+    items: list[object]
+    remaining: int
 
 
 def _value_type(code: int, what: str) -> GGUFValueType:
@@ -130,6 +167,8 @@ def _tensor(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], GGMLQuantiz
     if not 1 <= n_dims <= 4:
         raise GGUFFormatError(f"tensor {name} has {n_dims} dimensions (GGML allows 1 to 4)")
     shape = tuple(cur.scalar("Q", f"tensor {name}") for _ in range(n_dims))
+    if 0 in shape:
+        raise GGUFFormatError(f"tensor {name} has a zero dimension {shape}")
     code = cur.scalar("I", f"tensor {name}")
     try:
         qtype = GGMLQuantizationType(code)
@@ -169,16 +208,21 @@ def read_header(path: Path, max_kept_array: int = MAX_KEPT_ARRAY) -> GGUFHeader:
             metadata: dict[str, object] = {}
             for i in range(n_kv):
                 key = cur.string(f"metadata key {i}")
+                if key in metadata:
+                    raise GGUFFormatError(f"metadata key {key!r} appears twice")
                 metadata[key] = cur.value(cur.scalar("I", key), key)
             raw = [_tensor(cur, i) for i in range(n_tensors)]
             alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-            if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
+                    or alignment & (alignment - 1)):
                 raise GGUFFormatError(f"general.alignment {alignment!r} is not a power of two")
             data_offset = -(-cur.pos // alignment) * alignment
     if len({r[0] for r in raw}) != len(raw):
         raise GGUFFormatError("the tensor table names a tensor twice")
     tensors = []
     for name, shape, qtype, n_bytes, rel in raw:
+        if rel % alignment:
+            raise GGUFFormatError(f"tensor {name} starts at offset {rel}, not a multiple of the alignment {alignment}")
         if data_offset + rel + n_bytes > size:
             raise GGUFFormatError(
                 f"tensor {name} ends at byte {data_offset + rel + n_bytes} but the file has {size} bytes (truncated)"

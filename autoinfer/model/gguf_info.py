@@ -24,6 +24,7 @@ ARCHES = ("qwen35moe", "qwen3next")
 GROUPS = (
     "embeddings", "output", "norm", "attention", "gdn", "router", "shared_expert", "routed_experts", "mtp", "other",
 )
+MAX_BLOCKS = 65536
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 _NORMS = ("attn_norm.weight", "post_attention_norm.weight")
 _ROUTED = re.compile(r"^ffn_(gate|up|down|gate_up)_(ch)?exps\.")
@@ -155,6 +156,14 @@ def _key(header: GGUFHeader, key: str, path: Path, default: int | None = None, m
     return value
 
 
+def _expert_used(header: GGUFHeader, arch: str, path: Path) -> int:
+    used = _key(header, f"{arch}.expert_used_count", path)
+    if used > _key(header, f"{arch}.expert_count", path, minimum=1):
+        raise UserError(f"{path}: {arch}.expert_used_count ({used}) exceeds expert_count; the file is corrupt, "
+                        "re-convert or re-create it")
+    return used
+
+
 def _attention_layers(header: GGUFHeader, arch: str, n_layers: int, path: Path) -> tuple[int, ...]:
     """From `attention.recurrent_layers` when present, else `full_attention_interval` (default 4), as llama.cpp."""
     recurrent = header.metadata.get(f"{arch}.attention.recurrent_layers")
@@ -174,7 +183,8 @@ def _open(path: Path) -> GGUFHeader:
     try:
         return read_header(path)
     except GGUFFormatError as exc:
-        raise UserError(f"{path}: corrupt or truncated GGUF: {exc}; re-download or re-create it") from None
+        detail = repr(str(exc))[1:-1]  # names read from the file may hold newlines or control characters
+        raise UserError(f"{path}: corrupt or truncated GGUF: {detail}; re-download or re-create it") from None
 
 
 def read_info(path: Path | str) -> ModelInfo:
@@ -191,8 +201,15 @@ def _read_info(path: Path, size: int, mtime_ns: int) -> ModelInfo:
     arch = header.metadata.get("general.architecture")
     if arch not in ARCHES:
         raise UserError(f"{path}: architecture {arch!r} is not supported; autoinfer models {', '.join(ARCHES)} GGUFs")
-    n_layers = _key(header, f"{arch}.block_count", path, minimum=1) - _key(
-        header, f"{arch}.nextn_predict_layers", path, default=0)
+    blocks = _key(header, f"{arch}.block_count", path, minimum=1)
+    if blocks > MAX_BLOCKS:  # per-layer tables are built over every layer: 2^31 of them would never finish
+        raise UserError(f"{path}: {arch}.block_count is {blocks}, more than any model has ({MAX_BLOCKS}); "
+                        "the file is corrupt, re-convert or re-create it")
+    nextn = _key(header, f"{arch}.nextn_predict_layers", path, default=0)
+    if nextn >= blocks:
+        raise UserError(f"{path}: {arch}.nextn_predict_layers ({nextn}) leaves no trunk layer of {blocks}; "
+                        "the file is corrupt, re-convert or re-create it")
+    n_layers = blocks - nextn
     attention_layers = _attention_layers(header, arch, n_layers, path)
     tensors = []
     for t in header.tensors:
@@ -210,7 +227,7 @@ def _read_info(path: Path, size: int, mtime_ns: int) -> ModelInfo:
         arch=arch,
         n_layers=n_layers,
         n_experts=_key(header, f"{arch}.expert_count", path, minimum=1),
-        n_experts_used=_key(header, f"{arch}.expert_used_count", path),
+        n_experts_used=_expert_used(header, arch, path),
         hidden=_key(header, f"{arch}.embedding_length", path),
         attention_layers=attention_layers,
         context_length=_key(header, f"{arch}.context_length", path),

@@ -144,26 +144,32 @@ class ModelShape:
 
 
 def shape_from_gguf(path: Path) -> ModelShape:
-    """The shape of a qwen35moe-family GGUF: byte accounting from gguf_info, cache dimensions from its metadata."""
-    from gguf import GGUFReader
-
+    """The shape of a qwen35moe-family GGUF: byte accounting from gguf_info, cache dimensions from its metadata
+    (both from the bounded header reader: the tokenizer is counted, never materialised)."""
+    from autoinfer.model.gguf_header import ArrayCount
     from autoinfer.model.gguf_info import read_info
 
     info = read_info(path)
-    fields = GGUFReader(str(path)).fields
     arch = info.arch
 
     def meta(key: str, default: int = 0) -> int:
-        f = fields.get(f"{arch}.{key}")
-        return int(f.parts[f.data[0]][0]) if f is not None else default
+        """A non-negative integer key; a per-layer array gives its first layer's value, as llama.cpp's default."""
+        value = info.metadata.get(f"{arch}.{key}", default)
+        if isinstance(value, list) and value:
+            value = value[0]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UserError(f"{path}: {arch}.{key} is {value!r}, not a non-negative integer; the file is corrupt, "
+                            "re-convert or re-create it")
+        return value
 
     n_head = meta("attention.head_count")
     key_length = meta("attention.key_length", info.hidden // max(n_head, 1))
     state, groups, dt_rank = meta("ssm.state_size"), meta("ssm.group_count"), meta("ssm.time_step_rank")
     conv = meta("ssm.conv_kernel")
     channels = 2 * state * groups + meta("ssm.inner_size")
-    vocab_field = fields.get("tokenizer.ggml.tokens")
-    vocab = len(vocab_field.data) if vocab_field is not None else meta("vocab_size")
+    tokens = info.metadata.get("tokenizer.ggml.tokens")
+    vocab = (tokens.length if isinstance(tokens, ArrayCount) else len(tokens) if isinstance(tokens, list)
+             else meta("vocab_size"))
     return ModelShape(
         n_layers=info.n_layers, n_experts=info.n_experts, n_experts_used=info.n_experts_used, hidden=info.hidden,
         vocab=vocab, n_head=n_head, n_head_kv=meta("attention.head_count_kv", n_head), key_length=key_length,

@@ -21,6 +21,7 @@ from typing import Callable
 
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
 from autoinfer.model.quantize import file_sha256
 from autoinfer.paths import cache_dir
@@ -34,6 +35,7 @@ _MEAN_PPL_BASE = re.compile(rf"Mean PPL\(base\)\s*:\s*{_NUM}{_PM}{_NUM}")
 _MEAN_KLD = re.compile(rf"Mean\s+KLD:\s*{_NUM}{_PM}{_NUM}")
 _SAME_TOP = re.compile(rf"Same top p:\s*{_NUM}{_PM}{_NUM}\s*%")
 _TIMEOUT_S = 4 * 3600
+_RUNS = 4  # llama-perplexity runs per measurement at most, when its summary went missing (see _measured)
 
 
 @dataclass(frozen=True)
@@ -156,15 +158,15 @@ def measure_quality(models: list[Path], settings: QualitySettings = QualitySetti
     scratch = Path(tempfile.mkdtemp(prefix="kld-", dir=cache_dir()))
     try:
         logits = scratch / "reference.kld"
-        text = _perplexity(tools, reference, settings, ["--kl-divergence-base", str(logits)])
-        ref_ppl, ref_err = _parsed(parse_reference_ppl, text, reference)
+        ref_ppl, ref_err = _measured(parse_reference_ppl, tools, reference, settings,
+                                     ["--kl-divergence-base", str(logits)])
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         for model in todo:
             if model == reference:
                 quality = Quality(0.0, 0.0, ref_ppl, ref_err, ref_ppl, 100.0, str(reference), key, now)
             else:
-                out = _perplexity(tools, model, settings, ["--kl-divergence-base", str(logits), "--kl-divergence"])
-                q = _parsed(parse_kld, out, model)
+                q = _measured(parse_kld, tools, model, settings,
+                              ["--kl-divergence-base", str(logits), "--kl-divergence"])
                 quality = Quality(q["kld"], q["kld_err"], q["ppl"], q["ppl_err"], q["reference_ppl"],
                                   q["same_top_p"], str(reference), key,
                                   datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -175,6 +177,23 @@ def measure_quality(models: list[Path], settings: QualitySettings = QualitySetti
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {m: results[m] for m in models}
+
+
+def _measured(parser: Callable[[str], object], tools: Tools, model: Path, settings: QualitySettings,
+              extra: list[str]):
+    """Run llama-perplexity and parse its summary, running it again when the summary is missing after a clean exit.
+
+    llama.cpp logs through a background thread that is not drained at exit: a run that finishes quickly (a tiny
+    model) can end with status 0 before its last lines reach the pipe (0c1e570: about one run in three on the tiny
+    model). The run is deterministic, so repeating it measures the same thing.
+    """
+    for _ in range(_RUNS - 1):
+        text = _perplexity(tools, model, settings, extra)
+        try:
+            return parser(text)
+        except ValueError:
+            continue
+    return _parsed(parser, _perplexity(tools, model, settings, extra), model)
 
 
 def _parsed(parser: Callable[[str], object], text: str, model: Path):
@@ -196,7 +215,7 @@ def _perplexity(tools: Tools, model: Path, settings: QualitySettings, extra: lis
         argv += ["-t", str(settings.threads)]
     if settings.n_gpu_layers is not None:
         argv += ["-ngl", str(settings.n_gpu_layers)]
-    argv += extra
+    argv += [*extra, *repack_off_args(tools, "llama-perplexity")]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:

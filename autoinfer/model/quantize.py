@@ -14,12 +14,15 @@ import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
+from autoinfer import atomic
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
 from autoinfer.paths import cache_dir
 
@@ -72,12 +75,19 @@ def file_sha256(path: Path) -> str:
     key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
     memo = memo_dir / f"{key}.json"
     if memo.is_file():
-        return json.loads(memo.read_text())["sha256"]
+        try:
+            known = json.loads(memo.read_text())["sha256"]
+            if isinstance(known, str) and len(known) == 64:
+                return known
+            raise ValueError("not a sha256")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            print(f"warning: hash cache entry {memo} is damaged ({exc}); hashing {path} again", file=sys.stderr)
+            memo.unlink(missing_ok=True)
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 24):
             digest.update(chunk)
-    memo.write_text(json.dumps({"path": str(path), "sha256": digest.hexdigest()}))
+    atomic.write_text(memo, json.dumps({"path": str(path), "sha256": digest.hexdigest()}))
     return digest.hexdigest()
 
 
@@ -114,7 +124,7 @@ def auto_imatrix(source: Path, *, tools: Tools, threads: int | None = None) -> P
     target = cache_dir() / "imatrix" / name
     if not target.is_file():
         argv = [str(tools.tool("llama-imatrix")), "-m", str(source), "-f", str(DEFAULT_CORPUS),
-                "-c", str(_IMATRIX_CTX), "--no-ppl", "-o"]
+                "-c", str(_IMATRIX_CTX), "--no-ppl", *repack_off_args(tools, "llama-imatrix"), "-o"]
         _write_atomically(argv, ["-t", str(threads)] if threads else [], target, f"llama-imatrix on {source.name}")
     return target
 

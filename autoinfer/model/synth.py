@@ -28,7 +28,7 @@ from autoinfer.paths import cache_dir
 
 ARCH = "qwen35moe"
 # Bump when the bytes synth() writes for a given (preset, qtype, tokenizer, seed) change: it keys the cache.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 WEIGHT_STD = 0.02
 TOKENIZERS = ("none", "qwen35")
 # The vocab-only GGUF from llama.cpp's models/ folder (MIT): ships with the package because an installed autoinfer
@@ -128,10 +128,10 @@ def _validate(preset: str, qtype: str, tokenizer: str) -> Preset:
     return get_preset(preset)
 
 
-def plan(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "none") -> SynthPlan:
+def plan(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "qwen35") -> SynthPlan:
     """The tensors of a synthetic model: matrices in `qtype`; norms, 1-D tensors, routers and conv weights in F32."""
     p = _validate(preset, qtype, tokenizer)
-    vocab = p.vocab_size if tokenizer == "none" else len(_qwen35_tokenizer()["tokenizer.ggml.tokens"])
+    vocab = p.vocab_size  # the tokenizer is fitted to the preset's vocabulary, so it never changes the tensors
     specs = [("token_embd.weight", (p.hidden, vocab), True, "normal")]
     for il in range(p.n_layers):
         specs += _layer_tensors(p, il)
@@ -151,6 +151,43 @@ def _qwen35_tokenizer() -> dict[str, object]:
     """The tokenizer fields of the shipped Qwen3.5 vocab file (tokens, types, merges, special ids, template)."""
     header = read_header(QWEN35_VOCAB, max_kept_array=1 << 24)
     return {k: v for k, v in header.metadata.items() if k.startswith("tokenizer.")}
+
+
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+@cache
+def fitted_qwen35_tokenizer(n_vocab: int) -> dict[str, object]:
+    """The Qwen3.5 tokenizer with exactly `n_vocab` tokens, so the embedding and output rows keep the preset's size.
+
+    Fewer than the 151,936 tokens: the first ones by id (the 256 byte tokens, then the earliest merges), the merges
+    made only of kept tokens, and the control tokens (<|endoftext|>, <|im_start|>, <|im_end|>) at the end; any text
+    still tokenizes (BPE falls back to shorter pieces). More tokens: all of them, then `[PADn]` user-defined tokens,
+    as the real 248,320-row model pads its vocabulary.
+    """
+    tok = _qwen35_tokenizer()
+    tokens, types = list(tok["tokenizer.ggml.tokens"]), list(tok["tokenizer.ggml.token_type"])
+    merges = list(tok["tokenizer.ggml.merges"])
+    control = [i for i, t in enumerate(types) if t == CONTROL]
+    special = {key: tok[key] for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                         "tokenizer.ggml.padding_token_id")}
+    if n_vocab >= len(tokens):
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]
+        types += [USER_DEFINED] * (n_vocab - len(types))
+    else:
+        n_regular = n_vocab - len(control)
+        if n_regular < 256 or any(t != 1 for t in types[:n_regular]):
+            raise UserError(f"a vocabulary of {n_vocab} tokens cannot hold the qwen35 tokenizer's byte and control "
+                            f"tokens; use at least {256 + len(control)} tokens or --tokenizer none")
+        new_id = {old: n_regular + k for k, old in enumerate(control)}
+        tokens = tokens[:n_regular] + [tokens[i] for i in control]
+        types = types[:n_regular] + [CONTROL] * len(control)
+        kept = set(tokens[:n_regular])
+        merges = [m for m in merges if (pair := m.split(" ", 1)) and all(x in kept for x in pair)
+                  and "".join(pair) in kept]
+        special = {key: new_id[value] for key, value in special.items()}
+    return {**tok, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges, **special}
 
 
 def _add_metadata(w: GGUFWriter, sp: SynthPlan, seed: int) -> None:
@@ -182,7 +219,7 @@ def _add_metadata(w: GGUFWriter, sp: SynthPlan, seed: int) -> None:
         w.add_tokenizer_model("none")
         w.add_vocab_size(sp.vocab_size)
     else:
-        tok = _qwen35_tokenizer()
+        tok = fitted_qwen35_tokenizer(sp.vocab_size)
         w.add_tokenizer_model(tok["tokenizer.ggml.model"])
         w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
         w.add_token_list(tok["tokenizer.ggml.tokens"])
@@ -236,7 +273,7 @@ def synth(
     qtype: str = "Q8_0",
     *,
     seed: int = 0,
-    tokenizer: str = "none",
+    tokenizer: str = "qwen35",
     progress: Progress | None = None,
 ) -> Path:
     """Write a random-weight qwen35moe GGUF to `out` (atomically: a temp file renamed into place) and return its path.
@@ -262,7 +299,7 @@ def synth(
     return out
 
 
-def cached_model(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "none", *, seed: int = 0) -> Path:
+def cached_model(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "qwen35", *, seed: int = 0) -> Path:
     """A synthetic model under cache_dir()/models/, written once per machine (concurrent callers wait, never see
     half a file): keyed by format version, preset, qtype, tokenizer and seed."""
     _validate(preset, qtype, tokenizer)

@@ -25,7 +25,7 @@ def bench(
     n_gen: int = typer.Option(16, "--n-gen", min=1, help="Decode steps of the engine rows."),
     reps: int = typer.Option(3, "--reps", min=1, help="Timed repetitions (median reported)."),
     expert_slots: int = typer.Option(0, "--expert-slots", min=0, help="Device expert slots; 0 = all resident."),
-    budget_mib: Optional[float] = typer.Option(None, "--budget-mib", help="Derive expert slots from this device "
+    budget_mib: Optional[float] = typer.Option(None, "--budget-mib", min=1, help="Derive expert slots from this device "
                                                "memory budget instead."),
     prefetch: bool = typer.Option(False, "--prefetch", help="Prefetch the next layer's predicted experts."),
     prefill_chunk: int = typer.Option(64, "--prefill-chunk", min=1, help="Tokens per prefill segment (and "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+
+from autoinfer.model.synth import QWEN35_VOCAB
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -81,16 +84,21 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
     done = cli("sweep", str(campaign(tmp_path, [spaced])), "--quiet", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "llama-server" in done.stdout and "tok/s" in done.stdout
-    trials = study_of(tmp_path).trials
+    trials = [t for t in study_of(tmp_path).trials if "repeat_of" not in t.user_attrs]  # 4 configurations in all
     assert len(trials) == 4 and all(t.user_attrs["outcome"] == "ok" for t in trials)
+    assert len({repr(sorted(t.params.items())) for t in trials}) == 4  # each measured once
     for t in trials:
         assert len(t.user_attrs["tg_samples"]) == 2 and len(t.user_attrs["pp_samples"]) == 2
         assert t.user_attrs["rss_peak_mib"] > 0 and t.user_attrs["engine_cmd"][0].endswith("llama-bench")
         folder = tmp_path / "results" / "e2e" / "trials" / str(t.number)
         assert '"samples_ts"' in (folder / "raw_output.txt").read_text()
         assert shlex.split((folder / "command.txt").read_text()) == t.user_attrs["engine_cmd"]
-    status = cli("status", "--study", "e2e", cwd=tmp_path, env=env)
+    assert "deployment check passed: llama-server answered /completion" in " ".join(done.stdout.split())
+    status = cli("status", "--study", "e2e", cwd=tmp_path, env={**env, "COLUMNS": "300"})
     assert status.returncode == 0 and "4 done of 4" in status.stdout
+    said = " ".join(status.stdout.replace("│", " ").split())
+    assert "deployment check passed: llama-server answered /completion" in said
+    assert "confirmed off (confirm.enabled is false in the campaign)" in said
     server = cli("export", "--study", "e2e", "--format", "server", cwd=tmp_path, env=env)
     argv = shlex.split(server.stdout)
     assert argv[0].endswith("llama-server") and argv[argv.index("-m") + 1] == str(spaced)
@@ -102,7 +110,7 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
 
 def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, env):
     corrupt = tmp_path / "corrupt.gguf"
-    corrupt.write_bytes(tiny_model.read_bytes()[: 200_000])  # a GGUF header whose tensor data is cut off
+    shutil.copy(QWEN35_VOCAB, corrupt)  # a well-formed GGUF with no tensors: llama.cpp cannot load it
     path = campaign(tmp_path, [tiny_model, corrupt], trials=6, type_v="[f16, q8_0]", flash_attn='["on", "off"]')
     done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -154,7 +162,8 @@ def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_o
     retry = [t for t in trials if t.system_attrs.get("fixed_params") == interrupted.params
              or t.user_attrs.get("retry_of") == interrupted.number]
     assert retry and retry[0].state == optuna.trial.TrialState.COMPLETE and retry[0].params == interrupted.params
-    finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")]
+    finished = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")
+                and "repeat_of" not in t.user_attrs]  # a configuration suggested again is answered, not run
     assert len(finished) == 4  # the budget counts what was done before the crash
 
 
@@ -184,10 +193,13 @@ def test_a_trial_killed_before_its_configuration_was_chosen_is_failed_and_not_re
         (lambda text, tmp: text.replace("budget: {trials: 2}", "budget: {trials: 2}\nconstraints: {vram_mib: 0}"),
          "constraints.vram_mib"),
         (lambda text, tmp: text.replace("engine: llama-bench", "engine: llama-turbo"), "unknown engine"),
+        (lambda text, tmp: text.replace("model: [", f'model: ["{tmp / "half.gguf"}", '),
+         "half.gguf is damaged: tensor"),
     ],
 )
 def test_bad_input_exits_2_and_leaves_the_study_untouched(tmp_path, tiny_model, env, mutate, needle):
     (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "half.gguf").write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
     good = campaign(tmp_path, [tiny_model], trials=2)
     assert cli("sweep", str(good), "--quiet", cwd=tmp_path, env=env).returncode == 0
     db = tmp_path / "results" / "autoinfer.db"
@@ -200,3 +212,36 @@ def test_bad_input_exits_2_and_leaves_the_study_untouched(tmp_path, tiny_model, 
     assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert db.stat().st_mtime_ns == mtime
     assert [(t.number, t.state, t.params) for t in study_of(tmp_path).trials] == stored
+
+
+def test_a_vram_budget_on_a_machine_without_a_gpu_is_refused(tmp_path, tiny_model, env):
+    path = campaign(tmp_path, [tiny_model], trials=2)
+    path.write_text(path.read_text().replace("budget: {trials: 2}", "budget: {trials: 2}\nconstraints: {vram_mib: 8192}"))
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "constraints.vram_mib is 8192 MiB but this machine has no NVIDIA GPU" in lines[0]
+    assert "remove constraints.vram_mib" in lines[0] and not (tmp_path / "results" / "autoinfer.db").exists()
+
+
+def test_a_study_whose_trials_all_failed_is_described_truthfully(tmp_path, env):
+    broken = tmp_path / "no-tensors.gguf"
+    shutil.copy(QWEN35_VOCAB, broken)  # well-formed, loads in no trial
+    path = campaign(tmp_path, [broken], trials=3, type_v="[f16, q8_0]")
+    path.write_text(path.read_text().replace("confirm: {enabled: false}", "confirm: {enabled: true}"))
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 3 and "no recommendation" in done.stderr, done.stderr[-2000:]
+    assert "deployment check" not in done.stdout  # nothing to start: the diagnosis ends the sweep
+    measured = [t for t in study_of(tmp_path).trials if t.user_attrs["outcome"] != "repeat"]  # repeats never ran
+    assert len(measured) == 3 and all(t.user_attrs["outcome"] == "load_failed" for t in measured)
+    status = cli("status", "--study", "e2e", cwd=tmp_path, env={**env, "COLUMNS": "300"})
+    said = " ".join(status.stdout.replace("│", " ").split())
+    assert "not yet (runs when the trial budget is spent)" not in said
+    assert "skipped at the end of the sweep: 0 successful configuration(s)" in said
+    report = cli("analyze", "--study", "e2e", cwd=tmp_path, env=env)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = " ".join((tmp_path / "results" / "e2e" / "report" / "report.md").read_text().split())
+    assert "not on this machine" not in text and "only 0 searched parameter" not in text
+    assert re.search(r"no successful trial: 3 of \d+ ended load_failed; e\.g\. \S", text), text[:2000]
+    searched = {k for t in study_of(tmp_path).trials for k in t.distributions}
+    assert len(searched) >= 3 and f"no successful trial, so the {len(searched)} searched parameters" in text

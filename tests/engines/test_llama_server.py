@@ -99,7 +99,8 @@ def test_load_failure_is_an_outcome(engine, tmp_path):
 
 
 def test_timeout_kills_the_server(engine, chat_model, tmp_path):
-    m = engine.run(trial(chat_model, n_gen=100000, repetitions=1), context(tmp_path, timeout_s=8))
+    # the server caps generation at the model's 4096-token context: 2-5 s on a 2-core machine, so 1 s runs out
+    m = engine.run(trial(chat_model, n_gen=100000, repetitions=1, threads=1), context(tmp_path, timeout_s=1))
     assert m.outcome is Outcome.TIMEOUT, (m.outcome, m.reason)
     assert not _servers(psutil.Process())
     assert _port_free(m.env["port"])

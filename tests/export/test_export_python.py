@@ -13,7 +13,8 @@ import pytest
 from optuna.trial import create_trial
 from typer.testing import CliRunner
 
-from autoinfer.campaign.store import Best, best_trial, load_study
+from autoinfer.campaign.recommend import as_best, recommend
+from autoinfer.campaign.store import Best, load_study
 from autoinfer.cli import app
 from autoinfer.engines.base import TrialConfig, create
 from autoinfer.engines.llama_cpp_python import llama_kwargs
@@ -82,7 +83,8 @@ def test_exported_snippet_builds_the_measured_configuration(tmp_path, llama_tool
     assert exported.exit_code == 0, exported.output
     snippet = exported.output
     compile(snippet, "exported.py", "exec")
-    best = best_trial(load_study("py-export", None), {"tg": 1.0})
+    study = load_study("py-export", None)
+    best = as_best(study, recommend(study))
     kwargs = llama_call(snippet)
     assert kwargs == llama_kwargs(best.config)  # the engine's own mapping, nothing added or lost
     assert kwargs["model_path"] == str(chat_model) and kwargs["flash_attn"] is True and kwargs["n_threads"] == 1

@@ -29,16 +29,18 @@ CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
 
 def replay_campaign(tmp_path: Path, trials: int, name: str = "shared") -> Path:
-    """A replay campaign (trials answered from a table in milliseconds) with a 24-row table."""
+    """A replay campaign (trials answered from a table in milliseconds) with a 48-row table: more configurations
+    than the largest budget here, since no configuration is measured twice."""
     table = tmp_path / "table.csv"
     rows = ["threads,ubatch,tg,pp,rss_mib"]
-    rows += [f"{t},{u},{10 + t + u / 256:.2f},{100 + 5 * t:.1f},{500 + u}" for t in range(1, 9) for u in (128, 256, 512)]
+    rows += [f"{t},{u},{10 + t + u / 256:.2f},{100 + 5 * t:.1f},{500 + u}" for t in range(1, 17)
+             for u in (128, 256, 512)]
     table.write_text("\n".join(rows) + "\n")
     (tmp_path / "m").write_text("replay label\n")  # the environment record fingerprints the model file it names
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "name": name, "engine": "replay", "engine_options": {"table": str(table), "seed": 1}, "model": "m",
-        "space": {"threads": {"low": 1, "high": 8}, "ubatch": [128, 256, 512]},
+        "space": {"threads": {"low": 1, "high": 16}, "ubatch": [128, 256, 512]},
         "budget": {"trials": trials}, "measure": {"repetitions": 3, "max_cv": None},
         "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"top_k": 2, "rounds": 2},
         "workers": {"heartbeat_s": 1, "grace_s": 30},  # nobody dies here: a late heartbeat on a busy host is no death
@@ -63,10 +65,15 @@ def test_four_workers_run_the_budget_exactly_once(tmp_path, pg_url):
         pytest.fail("\n\n".join(outputs))  # whole, where an assertion's explanation would be cut short
 
     study = store.load_study("shared", pg_url)
-    trials = study.get_trials(deepcopy=False)
-    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]  # nothing lost
-    assert sum(store.is_finished(t) for t in trials) == 40 == len(trials)  # no overshoot, no duplicate
-    assert all(t.state == TrialState.COMPLETE and t.user_attrs["outcome"] == "ok" for t in trials)
+    every = study.get_trials(deepcopy=False)
+    assert not [t for t in every if t.state in (TrialState.RUNNING, TrialState.WAITING)]  # nothing lost
+    trials = [t for t in every if "repeat_of" not in t.user_attrs]  # suggested again: answered, never run
+    assert sum(store.is_finished(t) for t in every) == 40 == len(trials)  # no overshoot
+    assert len({repr(sorted(t.params.items())) for t in trials}) == 40  # no duplicate
+    # measured to the end, or stopped at the first repetition far below the best (prune_below): the far corner of
+    # the space is reached once the fast configurations have all been measured
+    assert all((t.state, t.user_attrs["outcome"]) in ((TrialState.COMPLETE, "ok"), (TrialState.PRUNED, "pruned"))
+               for t in trials)
     ran = [int(re.search(r"worker done: (\d+) trial", out).group(1)) for out in outputs]
     by_pid = Counter(t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials)
     assert sum(ran) == 40 and sorted(by_pid.values()) == sorted(r for r in ran if r)
@@ -77,12 +84,13 @@ def test_four_workers_run_the_budget_exactly_once(tmp_path, pg_url):
 
 
 def bench_campaign(tmp_path: Path, model: Path, trials: int) -> Path:
-    """A llama-bench campaign on the tiny model: a trial takes a second or two on one core."""
+    """A llama-bench campaign on the tiny model: a trial takes a few seconds on one core, long enough for two
+    workers' trials to meet at the host lock."""
     campaign = tmp_path / "bench.yaml"
     campaign.write_text(yaml.safe_dump({
         "name": "bench", "engine": "llama-bench", "model": str(model),
-        "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [32, 64]},
-        "budget": {"trials": trials}, "measure": {"n_prompt": 64, "n_gen": 16, "repetitions": 3, "max_cv": None},
+        "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [16, 32, 64, 128, 256]},  # more than the budget
+        "budget": {"trials": trials}, "measure": {"n_prompt": 64, "n_gen": 128, "repetitions": 3, "max_cv": None},
         "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
         "search": {"informed": False, "prune_below": None}, "workers": {"heartbeat_s": 1, "grace_s": 8},
     }))
@@ -95,7 +103,8 @@ def test_workers_on_one_host_measure_one_at_a_time(tmp_path, pg_url, llama_tools
     workers = [start_worker(campaign, "bench", pg_url) for _ in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
-    trials = store.load_study("bench", pg_url).get_trials(deepcopy=False)
+    trials = [t for t in store.load_study("bench", pg_url).get_trials(deepcopy=False)
+              if "repeat_of" not in t.user_attrs]  # a configuration suggested again runs nothing
     assert len({t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials}) == 2
     windows = sorted((t.user_attrs["env"]["started_at"], t.user_attrs["env"]["started_at"]
                       + t.user_attrs["env"]["duration_s"]) for t in trials)
@@ -217,7 +226,7 @@ def test_gpus_option_starts_one_worker_per_gpu(tmp_path, pg_url):
     pids = {h["pid"]: h["cuda_visible_devices"] for h in hosts}  # each child sees one GPU, always the same
     assert len(set(pids.values())) == len(pids)
     assert sum(int(n) for n in re.findall(r"worker done: (\d+) trial", parent.stdout)) == 12
-    assert "best of study 'pergpu'" in parent.stdout  # once all workers stopped, what the campaign found
+    assert "recommended for study 'pergpu'" in parent.stdout  # once all workers stopped, what the campaign found
     assert "Warning" not in parent.stderr, parent.stderr  # optuna's notes on heartbeats are not the user's business
 
 

@@ -1,0 +1,145 @@
+"""Deployment check: the recommended `llama-server` command, started once exactly as printed, must answer a
+completion before the sweep calls it a recommendation.
+
+The sweep measures with llama-bench; the command it prints is another program. Starting that command catches what a
+measurement cannot see (a model without a tokenizer, a flag the server lacks, a library it cannot find) before a
+user pastes it. Only `--host 127.0.0.1 --port N` are added, so the check never collides with a server already
+listening on the default port. The result is recorded on the study and shown by `status` and the report.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shlex
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import optuna
+
+from autoinfer.campaign import store
+from autoinfer.campaign.spec import Campaign
+from autoinfer.engines import base
+from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure
+from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port
+from autoinfer.errors import UserError
+from autoinfer.export.formats import render
+from autoinfer.measure.process import IsolatedProcess
+
+CHECK_ATTR = "deployment_check"  # study attr: the last check's result (a dict of DeploymentCheck's fields)
+PROMPT = "The quick brown fox"
+N_PREDICT = 8
+_POLL_S = 0.1
+_EXIT_WAIT_S = 3.0  # a server that dropped the connection is usually still dying (an abort writes a core first)
+
+
+@dataclass(frozen=True)
+class DeploymentCheck:
+    """One start of the recommended command: passed / failed (with why) / skipped (with why)."""
+
+    status: str  # "passed" | "failed" | "skipped"
+    reason: str
+    trial: int | None
+    command: str  # as printed, POSIX-quoted
+    answer: str  # the start of the completion's text
+    tokens: int  # tokens the server generated
+    wall_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def line(self) -> str:
+        """One line for status, the sweep's summary and the report."""
+        if self.status == "passed":
+            return (f"passed: llama-server answered /completion with {self.tokens} tokens ({self.answer!r}) "
+                    f"in {self.wall_s:.1f} s (trial {self.trial})")
+        return f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
+
+
+def run_check(command: list[str], timeout_s: float, trial: int | None = None) -> DeploymentCheck:
+    """Start `command` (plus a loopback port), wait until healthy, ask for a short completion, stop it."""
+    port = free_port()
+    argv = [*command, "--host", "127.0.0.1", "--port", str(port)]
+    started = time.monotonic()
+    client = Client(port, started + timeout_s)
+    printed = shlex.join(command)
+
+    def result(status: str, reason: str, answer: str = "", tokens: int = 0) -> DeploymentCheck:
+        return DeploymentCheck(status, reason, trial, printed, answer, tokens, round(time.monotonic() - started, 2))
+
+    proc = IsolatedProcess(argv, env=dict(os.environ))
+    try:
+        proc.start()
+    except UserError as exc:  # the program is missing or not executable
+        return result("failed", str(exc))
+    failure, died = None, False
+    try:
+        _wait_healthy(proc, client)
+        data = client.post("/completion", {"prompt": PROMPT, "n_predict": N_PREDICT, "ignore_eos": True})
+    except (ServerGone, RequestRejected, TimeoutError) as exc:
+        failure, died = str(exc), _exited(proc, _EXIT_WAIT_S)
+    finally:  # the server's whole process group, however the check ended
+        res = proc.stop()
+    if failure is not None:
+        if died:  # its exit status and stderr say why (an assertion, a missing library, an unknown flag)
+            failure = f"{failure}: {classify_failure(res.returncode, res.signal, False, res.stderr)[1]}"
+        return result("failed", failure)
+    content, tokens = data.get("content"), int(data.get("tokens_predicted") or 0)
+    if not isinstance(content, str) or tokens < 1:
+        return result("failed", f"/completion answered without generated text: {str(data)[:200]}")
+    return result("passed", "", " ".join(content.split())[:60], tokens)
+
+
+def _exited(proc: IsolatedProcess, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while proc.running and time.monotonic() < deadline:
+        time.sleep(_POLL_S / 2)
+    return not proc.running
+
+
+def _wait_healthy(proc: IsolatedProcess, client: Client) -> None:
+    while True:
+        if not proc.running:
+            raise ServerGone("llama-server exited before it was ready")
+        if time.monotonic() >= client.deadline:
+            raise TimeoutError("llama-server was not ready before the check's deadline")
+        try:
+            if client.get_status("/health") == 200:
+                return
+        except (ConnectionError, http.client.HTTPException, OSError):
+            pass  # not listening yet
+        time.sleep(_POLL_S)
+
+
+def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Best | None) -> DeploymentCheck:
+    """Check the recommendation `best` of a finished sweep and record the result on the study."""
+    engine = base.create(campaign.engine, **campaign.engine_options)
+    if best is None:
+        check = DeploymentCheck("skipped", "no recommended configuration to start", None, "", "", 0, 0.0)
+    elif not isinstance(engine, LlamaToolsEngine):
+        check = DeploymentCheck("skipped", f"the {campaign.engine} engine did not run llama.cpp's tools on this "
+                                "machine, so its configuration is not started here", best.trial.number, "", "", 0,
+                                0.0)
+    else:
+        command = shlex.split(render("server", best, study.study_name, campaign.engine))
+        if os.sep not in command[0] and shutil.which(command[0]) is None:
+            check = DeploymentCheck("skipped", f"the printed command runs {command[0]} from PATH and there is none on "
+                                    "this machine's PATH; put a llama.cpp build's bin folder there (`autoinfer doctor` "
+                                    "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
+        else:
+            check = run_check(command, campaign.measure.timeout_s, best.trial.number)
+    record(study, check)
+    return check
+
+
+def record(study: optuna.Study, check: DeploymentCheck) -> None:
+    """The only write of the check to the store."""
+    study.set_user_attr(CHECK_ATTR, asdict(check))
+
+
+def stored(study: optuna.Study) -> DeploymentCheck | None:
+    """The only read of the check from the store."""
+    data = study.user_attrs.get(CHECK_ATTR)
+    return DeploymentCheck(**data) if data else None

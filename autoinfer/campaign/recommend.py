@@ -1,0 +1,228 @@
+"""The recommended configuration of a study: the one answer that the progress bar ("best so far"), the end-of-sweep
+summary, `status`, `export`, the analysis report and the notebooks all give.
+
+A single trial is one process's measurement, and a process can land in a fast or a slow mode of the machine, so a
+configuration is judged on all of its trustworthy measurements together: its trials not flagged by the drift
+anchor (tagged re-measurements included) and the anchor's own good runs when the anchor is that configuration. Its
+speed is the median of those runs' objective values. The interleaved confirmation, when it ran, decides; unless
+most of its finalists measured more than CONTRADICTION× away from every search run of the same configuration (a
+process lands up to ±40% off on a small VM; beyond twice that the machine was in another state, as when another
+program loaded it during the confirmation): then the search's answer stands, with the reason said.
+
+The logic takes plain inputs (Run, the confirmation record) so it does not depend on how trials are stored.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoinfer.campaign import store
+from autoinfer.campaign.confirm import CONFIRMED_ATTR, lighter_alternative
+from autoinfer.campaign.drift import DRIFT_ATTR, busy_verdict, flagged_trials
+from autoinfer.measure.stats import bootstrap_ci
+
+CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trustworthy measurement of a configuration: a trial (`trial` set) or a drift-anchor run (None)."""
+
+    config_key: str
+    score: float
+    trial: int | None = None
+    memory_mib: float | None = None
+    memory_kind: str = "none"
+    samples: tuple[float, ...] = ()  # the objective's samples when it is one kind (tg or pp), for a one-run CI
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A configuration that needs clearly less memory than the recommendation, offered beside it."""
+
+    trial: int
+    speed: float
+    memory_mib: float
+    slower: float  # fraction: 0.02 = 2% slower than the recommendation
+    saves_mib: float
+
+    def line(self) -> str:
+        pace = f"{self.slower:.0%} slower" if self.slower > 0 else f"{-self.slower:.0%} faster"
+        return (f"lighter alternative: trial {self.trial}, {pace}, {self.saves_mib:.0f} MiB less "
+                f"({self.speed:.2f} at {self.memory_mib:.0f} MiB)")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    trial: int
+    config: dict[str, Any]
+    speed: float  # the objective: tok/s for a single-kind objective
+    ci: tuple[float, float] | None  # 95% bootstrap interval of the median over `runs` (one run: over its samples)
+    runs: int  # measurements behind `speed`
+    memory_mib: float | None
+    memory_kind: str  # vram | rss | none
+    confirmed: bool
+    why: str
+    alternative: Alternative | None = None
+    busy: str | None = None  # the machine-noise verdict, when the machine's own noise dominated the study
+
+    unit: str = ""  # "tok/s" when the objective is one kind of speed; else the objective is a weighted score
+
+    def label(self) -> str:
+        """The progress bar's text."""
+        return f"best so far {self.speed:.2f}{' ' + self.unit if self.unit else ''} (trial {self.trial})"
+
+    def headline(self) -> str:
+        ci = f", 95% CI {self.ci[0]:.2f}–{self.ci[1]:.2f}" if self.ci else ""
+        memory = f", {self.memory_kind} {self.memory_mib:.0f} MiB" if self.memory_mib is not None else ""
+        return (f"recommended: trial {self.trial}, {self.speed:.2f}{' ' + self.unit if self.unit else ''} (median "
+                f"of {self.runs} run(s){ci}{memory}); {self.why}")
+
+
+def config_key(config: dict[str, Any]) -> str:
+    return repr(sorted(config.items()))
+
+
+def _memory(vram: float | None, rss: float | None) -> tuple[float | None, str]:
+    if vram:
+        return float(vram), "vram"
+    return (float(rss), "rss") if rss else (None, "none")
+
+
+def runs_of(trials: Iterable[FrozenTrial], weights: dict[str, float], flagged: set[int],
+            anchor: dict[str, Any] | None = None) -> list[Run]:
+    """The trustworthy measurements of a study: measured feasible successful trials not flagged by the drift anchor,
+    and the anchor's runs that did not drift (from its `drift` state)."""
+    single = [k for k in weights if k != "kld"]
+    kind = single[0] if len(single) == 1 and len(weights) == 1 else None
+    out = []
+    for t in trials:
+        if t.number in flagged or not store.is_finished(t) or not store.is_feasible_ok(t):
+            continue
+        value = store.score({"tg": store.samples_of(t, "tg"), "pp": store.samples_of(t, "pp"),
+                             "kld": store.kld_of(t)}, weights)
+        if value is not None:
+            mem, mem_kind = _memory(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
+            out.append(Run(config_key(t.user_attrs["config"]), value, t.number, mem, mem_kind,
+                           tuple(store.samples_of(t, kind)) if kind else ()))
+    if anchor and anchor.get("config"):
+        key = config_key(anchor["config"])
+        out += [Run(key, a["score"]) for a in anchor.get("anchors", [])
+                if a["score"] is not None and (not a["drifted"] or a.get("rebased")) and a.get("trial") is None
+                and not a.get("discarded")]
+    return out
+
+
+@dataclass(frozen=True)
+class _Config:
+    key: str
+    trial: int  # the trial that stands for the configuration: the one nearest its median
+    speed: float
+    scores: tuple[float, ...]
+    samples: tuple[float, ...]
+    memory_mib: float | None
+    memory_kind: str
+
+
+def _configs(runs: Sequence[Run]) -> list[_Config]:
+    """Configurations that have a trial, fastest median first."""
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[r.config_key].append(r)
+    out = []
+    for key, group in groups.items():
+        trials = [r for r in group if r.trial is not None]
+        if not trials:
+            continue
+        scores = tuple(r.score for r in group)
+        speed = statistics.median(scores)
+        stand = min(trials, key=lambda r: (abs(r.score - speed), r.trial))
+        mems = [r.memory_mib for r in trials if r.memory_mib is not None]
+        out.append(_Config(key, stand.trial, speed, scores, tuple(v for r in group for v in r.samples),
+                           statistics.median(mems) if mems else None, stand.memory_kind))
+    return sorted(out, key=lambda c: (-c.speed, c.trial))
+
+
+def _ci(config: _Config) -> tuple[float, float] | None:
+    """Over the runs' scores; a single run's over its samples (the score is their median then)."""
+    if len(config.scores) >= 2:
+        return bootstrap_ci(config.scores)
+    return bootstrap_ci(config.samples) if len(config.samples) >= 2 else None
+
+
+def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[int, str]) -> list[int]:
+    """Finalists whose confirmed median lies more than CONTRADICTION× away from all of their search measurements."""
+    by_key = {c.key: c for c in configs}
+    out = []
+    for f in record.get("finalists", []):
+        own = by_key.get(keys.get(f["trial"], ""))
+        if f.get("median") is None or own is None:
+            continue
+        if not min(own.scores) / CONTRADICTION <= f["median"] <= max(own.scores) * CONTRADICTION:
+            out.append(f["trial"])
+    return out
+
+
+def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, str], configs_of: dict[int, dict],
+           *, memory_tolerance: float = 0.02,
+           busy: str | None = None, unit: str = "") -> Recommendation | None:
+    """The recommendation from plain inputs: the trustworthy runs, the confirmation record (or None), each trial's
+    configuration key and configuration."""
+    configs = _configs(runs)
+    if record and record.get("recommended") is not None:
+        against = contradicted(record, configs, keys)
+        judged = [f for f in record["finalists"] if f.get("median") is not None]
+        if len(against) * 2 <= len(judged):
+            rec = next(f for f in record["finalists"] if f["trial"] == record["recommended"])
+            alt = record.get("alternative")
+            return Recommendation(
+                rec["trial"], configs_of[rec["trial"]], rec["median"], tuple(rec["ci"]) if rec.get("ci") else None,
+                len(rec["scores"]), rec.get("memory_mib"), rec.get("memory_kind", "none"), True,
+                record.get("why") or "confirmed by interleaved re-measurement",
+                Alternative(**alt) if alt else None, busy, unit)
+        why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured more than "
+                   f"{CONTRADICTION:g}× away from all of their own search runs, so the machine was in another state "
+                   "while it ran; ")
+    else:
+        why_not = "not confirmed; " if record is None else "the confirmation had no winner; "
+    if not configs:
+        return None
+    top = configs[0]
+    alt = lighter_alternative({c.trial: c.speed for c in configs},
+                              {c.trial: c.memory_mib if c.memory_mib is not None else math.inf for c in configs},
+                              top.trial, memory_tolerance)
+    return Recommendation(
+        top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
+        top.memory_kind, False,
+        why_not + f"fastest median of {len(configs)} configuration(s) over their trustworthy runs "
+        "(drift-flagged trials left out)", Alternative(**alt) if alt else None, busy, unit)
+
+
+def recommend(study: optuna.Study) -> Recommendation | None:
+    """The study's recommended configuration (None while no feasible successful trial exists)."""
+    campaign = store.stored_campaign(study)
+    weights = campaign.objective_weights() if campaign else {"tg": 1.0}
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    runs = runs_of(trials, weights, flagged_trials(study), study.user_attrs.get(DRIFT_ATTR))
+    return decide(runs, study.user_attrs.get(CONFIRMED_ATTR),
+                  {t.number: config_key(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs},
+                  {t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
+                  memory_tolerance=campaign.confirm.memory_tolerance if campaign else 0.02,
+                  busy=busy_verdict(study), unit="tok/s" if set(weights) in ({"tg"}, {"pp"}) else "")
+
+
+def as_best(study: optuna.Study, rec: Recommendation | None) -> store.Best | None:
+    """The recommendation in the form the exporters render."""
+    if rec is None:
+        return None
+    t = study.trials[rec.trial]
+    confirmation = study.user_attrs.get(CONFIRMED_ATTR) if rec.confirmed else None
+    return store.Best(t, store.config_of(t), rec.speed, confirmation=confirmation)

@@ -1,0 +1,91 @@
+"""No accidental repeats: a configuration already measured runs again only as a deliberate, tagged re-measurement.
+
+A sampler proposes a configuration it has seen whenever the space is small or its model is sure, and after a
+crash a resumed study can do the same. Running it again spends budget on nothing new, and an untagged duplicate
+reads like a new result. Such a suggestion is answered without running anything: the trial is told the earlier
+measurement's values (so TPE stays informed), tagged `repeat_of=N`, and recorded as unmeasured, which costs no
+budget; one that another worker is measuring right now is pruned the same way. A sampler sure of itself suggests
+the same few configurations again and again, and workers with one seed suggest what another is running: after
+`NUDGE_AFTER` repeats in a row, or at once after a running one, an unmeasured configuration drawn at random is queued
+(said and tagged `explore_after_repeats`), and when none is left the space is exhausted.
+Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, a dead process's trial:
+`retry_of`) and run as usual.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+from autoinfer.campaign import store
+
+REPEAT_ATTR = "repeat_of"
+DELIBERATE = ("remeasure_of", "retry_of")  # tags of re-measurements made on purpose
+NUDGE_AFTER = 3  # repeat suggestions in a row after which an unmeasured configuration is queued
+MAX_IN_A_ROW = 50  # repeats in a row despite those: the sweep stops (queued ones realised as measured ones)
+EXPLORE_ATTR = "explore_after_repeats"
+
+
+def deliberate(user_attrs: dict[str, Any]) -> bool:
+    return any(key in user_attrs for key in DELIBERATE)
+
+
+def earlier(trials: Iterable[FrozenTrial], config: dict[str, Any], flagged: set[int],
+            asking: int) -> FrozenTrial | None:
+    """The latest measurement of exactly this configuration, one not flagged by the drift anchor first; else a trial
+    of it that another worker is running (other than `asking`, the trial being decided)."""
+    trials = list(trials)
+    same = [t for t in trials if store.is_finished(t) and t.user_attrs.get("config") == config]
+    if same:
+        return max(same, key=lambda t: (t.number not in flagged, t.number))
+    return next((t for t in trials if t.state == TrialState.RUNNING and t.number != asking
+                 and t.user_attrs.get("config") == config and t.user_attrs.get(REPEAT_ATTR) is None), None)
+
+
+def answer(study: optuna.Study, trial: optuna.Trial, source: FrozenTrial) -> None:
+    """Tell `trial` the state and values of `source` without running anything, tagged as its repeat."""
+    trial.set_user_attr(REPEAT_ATTR, source.number)
+    trial.set_user_attr(store.UNMEASURED_ATTR, True)
+    trial.set_user_attr("outcome", "repeat")
+    running = source.state == TrialState.RUNNING
+    trial.set_user_attr("reason", f"configuration of trial {source.number}, which another worker is measuring: not "
+                                  "run twice" if running else f"configuration already measured in trial "
+                                  f"{source.number}: answered with its values, not run again")
+    for key, value in source.constraints.items():
+        trial.set_constraint(key, value)
+    if source.state == TrialState.COMPLETE:
+        study.tell(trial, source.values if len(source.values) > 1 else source.values[0])
+    else:
+        study.tell(trial, state=TrialState.PRUNED if running else source.state)
+
+
+def _draw(dist: BaseDistribution, rng: random.Random) -> Any:
+    if isinstance(dist, IntDistribution):
+        return rng.randrange(dist.low, dist.high + 1, dist.step)
+    if isinstance(dist, FloatDistribution):
+        return rng.uniform(dist.low, dist.high)
+    assert isinstance(dist, CategoricalDistribution)
+    return rng.choice(dist.choices)
+
+
+def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[FrozenTrial], rng: random.Random,
+               tries: int = 500) -> dict[str, Any] | None:
+    """Parameters drawn at random that no measured or running trial has (None when `tries` draws find none: for a
+    finite space that small, every configuration was measured)."""
+    seen = {repr(sorted(t.params.items())) for t in trials
+            if store.is_finished(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+    for _ in range(tries):
+        params = {name: _draw(d, rng) for name, d in dists.items()}
+        if repr(sorted(params.items())) not in seen:
+            return params
+    return None

@@ -1,0 +1,45 @@
+"""The deployment check: the recommended llama-server command, started as printed, must serve a completion.
+
+Real llama-server (the CPU build) on tiny synthetic models: one with the shipped tokenizer (it serves), one without
+(llama-server aborts on the first completion, which is what a pasted command did before models carried one).
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from autoinfer.campaign.deploy import N_PREDICT, DeploymentCheck, record, run_check, stored
+from autoinfer.model.synth import cached_model
+
+
+def _command(llama_tools, model) -> list[str]:
+    return [str(llama_tools.tool("llama-server")), "-m", str(model), "-t", "1", "-c", "256"]
+
+
+def test_a_model_with_the_tokenizer_serves_a_completion(llama_tools):
+    command = _command(llama_tools, cached_model("tiny", "Q8_0"))
+    check = run_check(command, timeout_s=120, trial=3)
+    assert check.status == "passed", check.reason
+    assert check.tokens == N_PREDICT and check.trial == 3 and 0 < check.wall_s < 120
+    assert check.command.split() == command  # recorded as printed, without the loopback address added
+    assert check.line().startswith(f"passed: llama-server answered /completion with {N_PREDICT} tokens")
+
+
+def test_a_model_without_a_tokenizer_fails_the_check_with_the_reason(llama_tools):
+    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0", tokenizer="none")), timeout_s=120)
+    assert check.status == "failed" and not check.passed
+    assert "Tokenizer not initialized" in check.reason or "tokenizer" in check.reason.lower(), check.reason
+
+
+def test_a_missing_binary_fails_the_check(tmp_path):
+    check = run_check([str(tmp_path / "llama-server"), "-m", "x.gguf"], timeout_s=10)
+    assert check.status == "failed" and "llama-server" in check.reason
+
+
+def test_the_check_is_stored_on_the_study():
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    assert stored(study) is None
+    check = DeploymentCheck("failed", "llama-server exited before it was ready", 2, "llama-server -m m.gguf", "", 0,
+                            1.5)
+    record(study, check)
+    assert stored(study) == check and check.line() == "failed: llama-server exited before it was ready (trial 2)"

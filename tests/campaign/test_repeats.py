@@ -1,0 +1,104 @@
+"""No accidental repeats, on the replay engine (trials answered from a table in milliseconds): a configuration
+already measured is answered from its measurement without running or spending budget, also across SIGKILLs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from optuna.trial import TrialState
+
+from autoinfer.campaign import runner, store
+from autoinfer.campaign.repeats import DELIBERATE, REPEAT_ATTR
+from autoinfer.campaign.spec import load_campaign
+
+CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
+
+
+def replay_campaign(tmp_path: Path, *, threads: int, trials: int, sampler: str = "tpe") -> Path:
+    """threads × 2 ubatch rows; the speed grows with both, so TPE keeps coming back to the fast corner."""
+    table = tmp_path / "table.csv"
+    rows = ["threads,ubatch,tg,pp,rss_mib"]
+    rows += [f"{t},{u},{10 + t + u / 256:.2f},{100 + 5 * t:.1f},{500 + u}" for t in range(1, threads + 1)
+             for u in (128, 512)]
+    table.write_text("\n".join(rows) + "\n")
+    (tmp_path / "m").write_text("replay label\n")
+    path = tmp_path / "repeats.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "repeats", "engine": "replay", "engine_options": {"table": str(table), "seed": 1}, "model": "m",
+        "space": {"threads": {"low": 1, "high": threads}, "ubatch": [128, 512]},
+        "budget": {"trials": trials}, "measure": {"repetitions": 3, "max_cv": None},
+        "sampler": {"name": sampler, "seed": 3},
+        "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
+    }))
+    return path
+
+
+def complete(db: Path) -> int:
+    """COMPLETE trials, read through a read-only connection (watching never writes to the store)."""
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet, or locked for a moment
+        return 0
+
+
+def measured_configs(trials) -> Counter:
+    """How often each configuration was measured without a re-measurement tag."""
+    return Counter(repr(sorted(t.user_attrs["config"].items())) for t in trials
+                   if store.is_finished(t) and not any(k in t.user_attrs for k in DELIBERATE))
+
+
+def test_a_space_smaller_than_the_budget_is_measured_once_per_configuration(tmp_path):
+    campaign = load_campaign(replay_campaign(tmp_path, threads=2, trials=10))  # 4 configurations, 10 trials
+    study = runner.sweep(campaign, progress=False).study
+    trials = study.get_trials(deepcopy=False)
+    counts = measured_configs(trials)
+    assert len(counts) == 4 and set(counts.values()) == {1}, counts
+    repeats = [t for t in trials if REPEAT_ATTR in t.user_attrs]
+    assert repeats, "the sampler never suggested a measured configuration again (the test proves nothing)"
+    for t in repeats:
+        source = trials[t.user_attrs[REPEAT_ATTR]]
+        assert t.user_attrs["config"] == source.user_attrs["config"] and store.is_finished(source)
+        assert t.values == source.values and not store.is_finished(t)  # TPE told the known value; no budget
+        assert t.user_attrs["outcome"] == "repeat"
+
+
+def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tmp_path):
+    path = replay_campaign(tmp_path, threads=16, trials=14)  # 32 configurations
+    env = {**os.environ, "AUTOINFER_RESULTS": str(tmp_path / "results")}
+    url = f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}"
+    db = tmp_path / "results" / "autoinfer.db"
+    for target in (2, 4, 6, 8, 10):  # killed once that many trials are complete, wherever the sweep then is
+        proc = subprocess.Popen([*CLI, "sweep", str(path), "--quiet"], cwd=tmp_path, env=env,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and complete(db) < target:
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, "the sweep ended before it was killed"
+    done = subprocess.run([*CLI, "sweep", str(path), "--quiet"], cwd=tmp_path, env=env, capture_output=True,
+                          check=False, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = store.load_study("repeats", url).trials
+    counts = measured_configs(trials)
+    assert len(counts) == sum(counts.values()), counts  # no configuration measured twice untagged
+    counted = [t for t in trials if store.is_finished(t)]
+    assert len(counted) == 14  # the budget, exactly: retries replace the trials the kills interrupted
+    assert len({repr(sorted(t.user_attrs["config"].items())) for t in counted}) == 14
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    for t in trials:  # every trial the kills interrupted is failed, tagged, and its configuration measured
+        if t.user_attrs.get("stale") and t.params and REPEAT_ATTR not in t.user_attrs:
+            assert any(r.user_attrs.get("retry_of") == t.number and store.is_finished(r) for r in trials)
