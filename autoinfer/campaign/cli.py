@@ -54,9 +54,8 @@ def sweep(
     console = Console()
     print_recommendation(console, result.study, result.campaign)
     best = as_best(result.study, recommend(result.study))
-    if best is not None:
-        console.print("\ndeployment check: starting that llama-server command once and asking it for a completion …")
-    check = check_recommendation(result.study, result.campaign, best)
+    check = check_recommendation(result.study, result.campaign, best, announce=lambda: console.print(
+        "\ndeployment check: starting that llama-server command once and asking it for a completion …"))
     print_deployment_check(console, check)
     if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
         raise SystemExit(1)

@@ -15,6 +15,7 @@ import shlex
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import optuna
 
@@ -113,8 +114,10 @@ def _wait_healthy(proc: IsolatedProcess, client: Client) -> None:
         time.sleep(_POLL_S)
 
 
-def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Best | None) -> DeploymentCheck:
-    """Check the recommendation `best` of a finished sweep and record the result on the study."""
+def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Best | None,
+                         announce: Callable[[], None] = lambda: None) -> DeploymentCheck:
+    """Check the recommendation `best` of a finished sweep and record the result on the study; `announce` is called
+    just before a server is started (a check that is skipped starts nothing to announce)."""
     engine = base.create(campaign.engine, **campaign.engine_options)
     if best is None:
         check = DeploymentCheck("skipped", "no recommended configuration to start", None, "", "", 0, 0.0)
@@ -129,6 +132,7 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
                                     "this machine's PATH; put a llama.cpp build's bin folder there (`autoinfer doctor` "
                                     "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
         else:
+            announce()
             check = run_check(command, campaign.measure.timeout_s, best.trial.number)
     record(study, check)
     return check

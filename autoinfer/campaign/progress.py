@@ -82,3 +82,9 @@ class SweepProgress:
         self.progress.console.print(trial_line(trial))
         if best is not None:
             self.progress.update(self.task, description=best.label())
+
+    def settle(self, best: Recommendation | None) -> None:
+        """After the confirmation: the bar's last words are the recommendation the summary gives, not the best search
+        trial it showed while the search ran."""
+        if best is not None:
+            self.progress.update(self.task, description=f"recommended {best.speed:.2f} (trial {best.trial})")

@@ -327,4 +327,5 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             with host, worker.serialized(study):
                 if worker.last_to_finish(study, view.note):  # confirm once, on the complete ranking
                     guard.finish(force_confirm=confirm)
+            view.settle(recommend(study))
     return SweepResult(study, campaign, as_best(study, recommend(study)), ran)
