@@ -9,7 +9,6 @@ listening on the default port. The result is recorded on the study and shown by 
 
 from __future__ import annotations
 
-import http.client
 import os
 import shlex
 import shutil
@@ -23,7 +22,7 @@ from autoinfer.campaign import store
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
 from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure
-from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port
+from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, wait_healthy
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.measure.process import IsolatedProcess
@@ -77,7 +76,7 @@ def run_check(command: list[str], timeout_s: float, trial: int | None = None) ->
         return result("failed", str(exc))
     failure, died = None, False
     try:
-        _wait_healthy(proc, client)
+        wait_healthy(proc, client)
         data = client.post("/completion", {"prompt": PROMPT, "n_predict": N_PREDICT, "ignore_eos": True})
     except (ServerGone, RequestRejected, TimeoutError) as exc:
         failure, died = str(exc), _exited(proc, _EXIT_WAIT_S)
@@ -98,20 +97,6 @@ def _exited(proc: IsolatedProcess, wait_s: float) -> bool:
     while proc.running and time.monotonic() < deadline:
         time.sleep(_POLL_S / 2)
     return not proc.running
-
-
-def _wait_healthy(proc: IsolatedProcess, client: Client) -> None:
-    while True:
-        if not proc.running:
-            raise ServerGone("llama-server exited before it was ready")
-        if time.monotonic() >= client.deadline:
-            raise TimeoutError("llama-server was not ready before the check's deadline")
-        try:
-            if client.get_status("/health") == 200:
-                return
-        except (ConnectionError, http.client.HTTPException, OSError):
-            pass  # not listening yet
-        time.sleep(_POLL_S)
 
 
 def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Best | None,

@@ -203,25 +203,26 @@ class LlamaServerEngine(LlamaToolsEngine):
         return Measurement(**result, **common)
 
 
-def _wait_healthy(proc: IsolatedProcess, client: Client) -> float:
-    """Seconds from start until /health answers 200; ServerGone if the process exits first."""
+def wait_healthy(proc: IsolatedProcess, client: Client) -> float:
+    """Seconds from start until /health answers 200; ServerGone if the process exits first, TimeoutError at the
+    client's deadline."""
     started = time.monotonic()
     while True:
         if not proc.running:
             raise ServerGone("llama-server exited before it was ready")
         if time.monotonic() >= client.deadline:
-            raise TimeoutError("not ready before the trial deadline")
+            raise TimeoutError("llama-server was not ready before its deadline")
         try:
             if client.get_status("/health") == 200:
                 return time.monotonic() - started
-        except (ConnectionError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException):
             pass  # not listening yet
         time.sleep(_POLL_S)
 
 
 def _measure(proc: IsolatedProcess, client: Client, config: TrialConfig, ctx: RunContext) -> dict[str, Any]:
     """Warm-up, then the measured rounds; returns the Measurement fields."""
-    startup_s = _wait_healthy(proc, client)
+    startup_s = wait_healthy(proc, client)
     parallel = int(config.get("parallel", 1))
     prompts = prompt_tokens(client, config.n_prompt, config.repetitions * parallel + 1)
     client.complete(prompts[-1][: _WARMUP_TOKENS[0]], _WARMUP_TOKENS[1])
