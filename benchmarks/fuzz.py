@@ -81,7 +81,7 @@ def main() -> None:
                     signal.alarm(0)
         rows.append((name, args.inputs, sum(errors.values()), dict(errors), hangs, time.monotonic() - started))
         print(f"{name}: done", file=sys.stderr, flush=True)
-    print(f"| family | inputs | uncaught exceptions | types | hangs > 5 s | wall s |")
+    print("| family | inputs | uncaught exceptions | types | hangs > 5 s | wall s |")
     print("|---|---|---|---|---|---|")
     for name, n, bad, types, hangs, wall in rows:
         kinds = ", ".join(f"{k} {v}" for k, v in types.items()) or "-"

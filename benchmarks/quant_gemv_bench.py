@@ -84,8 +84,6 @@ def main() -> None:
             gbs = read / (q / 1e3)
             print(f"| {qtype} | {label} | {read / 2**20:.1f} | {q * 1e3:.1f} | {gbs / 1e9:.0f} | {gbs / bw:.1%} | "
                   f"{d * 1e3:.1f} | {d / q:.2f} ({lo:.2f}–{hi:.2f}) |")
-            del w, dense
-            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
