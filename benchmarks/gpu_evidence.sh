@@ -2,6 +2,7 @@
 # The GPU evidence for the notes, in steps that each fit in a few minutes on one H100/H200 host:
 #   LLAMA_BIN=DIR OUT=DIR bash benchmarks/gpu_evidence.sh STEP…
 # STEP: model (synthesize the 35B-A3B-shaped Q4_K stand-in), table (placement grid → replay table),
+#       knobs (two tables of secondary knobs at 10 placements: ubatch x type_k x threads; pattern x load mode x ubatch),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (reference engine vs llama-bench on the small and 35B models),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
@@ -32,6 +33,16 @@ for step in "$@"; do
       python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h100-35b.csv" \
         --grid n_gpu_layers=20,28,36 placement=first cpu_expert_layers=0 \
         --fixed flash_attn=on threads=16 ubatch=512 --n-prompt 512 --n-gen 64 --resume
+      ;;
+    knobs)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h100-35b-knobs.csv" \
+        --grid cpu_expert_layers=4-40+4 ubatch=512,2048 type_k=f16,q8_0 threads=8,16 \
+        --fixed n_gpu_layers=99 placement=first flash_attn=on load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --max-minutes "${KNOB_MINUTES:-9}" --resume
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h100-35b-load.csv" \
+        --grid placement=first,last cpu_expert_layers=4-40+4 load_mode=mmap,none ubatch=256,1024 \
+        --fixed n_gpu_layers=99 flash_attn=on threads=12 type_k=f16 \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --max-minutes "${KNOB_MINUTES:-9}" --resume
       ;;
     overhead)
       python3 benchmarks/overhead.py --model "$BIG" --llama-bin "$LLAMA_BIN" --ngl 99 --ncmoe 0,30 --threads 16 \
