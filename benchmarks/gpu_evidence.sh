@@ -3,6 +3,7 @@
 #   LLAMA_BIN=DIR OUT=DIR bash benchmarks/gpu_evidence.sh STEP…
 # STEP: model (synthesize the 35B-A3B-shaped Q4_K stand-in), table (placement grid → replay table),
 #       knobs (two tables of secondary knobs at 10 placements: ubatch x type_k x threads; pattern x load mode x ubatch),
+#       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (reference engine vs llama-bench on the small and 35B models),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
@@ -43,6 +44,10 @@ for step in "$@"; do
         --grid placement=first,last cpu_expert_layers=4-40+4 load_mode=mmap,none ubatch=256,1024 \
         --fixed n_gpu_layers=99 flash_attn=on threads=12 type_k=f16 \
         --n-prompt 512 --n-gen 32 --repetitions 2 --max-minutes "${KNOB_MINUTES:-9}" --resume
+      ;;
+    vsfit)
+      python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \
+        --rounds 5 --out "$OUT/vs-fit-h100.md"
       ;;
     overhead)
       python3 benchmarks/overhead.py --model "$BIG" --llama-bin "$LLAMA_BIN" --ngl 99 --ncmoe 0,30 --threads 16 \

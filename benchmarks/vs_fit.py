@@ -1,0 +1,155 @@
+"""autoinfer's recommendation against llama.cpp's own fit, at the same VRAM budget, on one GPU.
+
+    python benchmarks/vs_fit.py --model qwen35moe-35b-a3b-Q4_K.gguf --budgets 8192,12288,16384 --trials 16 \
+        --rounds 5 --out benchmarks/results/vs-fit-h100.md
+
+Per budget:
+1. fit: llama-fit-params is asked to leave (free - budget) MiB free; its placement is run once and its measured peak
+   read; while the peak is over the budget the margin grows by the excess (a user of `--fit` would have to do the
+   same to stay inside the budget). Each try is printed.
+2. ours: `autoinfer sweep` of the shipped 8 GiB campaign with the budget and trial count set, in a fresh results
+   folder; its recommendation is read with `autoinfer export --format json`.
+3. Both configurations run interleaved, `--rounds` rounds, each run a fresh llama-bench process, alternating which
+   goes first; one score per run (the median of its repetitions). Printed: tg and pp medians, the ratio ours/fit with
+   its 95% bootstrap CI and the Mann-Whitney p-value, and each side's peak VRAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from autoinfer.campaign.hardware import measured_gpus, visible_gpus
+from autoinfer.campaign.informed import parse_fit_params
+from autoinfer.engines import base
+from autoinfer.engines.base import RunContext, TrialConfig
+from autoinfer.llama.binaries import find_tools
+from autoinfer.measure.gpu import memory_used_mib
+from autoinfer.measure.process import run_isolated
+from autoinfer.measure.stats import compare
+
+CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
+MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
+
+
+def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
+    """llama-fit-params' placement, its margin raised until the measured peak is within `budget`."""
+    gpu = visible_gpus()[0]
+    margin = int(gpu.memory_total_mib - (memory_used_mib(gpu.index) or 0.0) - budget)
+    engine = base.create("llama-bench")
+    history = []
+    for _ in range(tries):
+        argv = [str(find_tools().tool("llama-fit-params")), "-m", str(model), "-fitt", str(margin),
+                "-c", str(MEASURE["n_prompt"] + MEASURE["n_gen"]), "-fitc", str(MEASURE["n_prompt"] + MEASURE["n_gen"])]
+        ngl, patterns, _ = parse_fit_params(run_isolated(argv, timeout_s=300).stdout)
+        config = TrialConfig(model=model, n_gpu_layers=ngl, override_tensors=patterns, **MEASURE)
+        m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
+        history.append({"margin_mib": margin, "argv": shlex.join(argv), "n_gpu_layers": ngl,
+                        "overrides": len(patterns), "peak_mib": m.vram_peak_mib, "tg": m.tg, "outcome": m.outcome.value})
+        log(f"  fit try: -fitt {margin} → -ngl {ngl}, {len(patterns)} override(s): peak {m.vram_peak_mib} MiB, "
+            f"tg {m.tg} ({m.outcome.value})")
+        if m.vram_peak_mib is not None and m.vram_peak_mib <= budget:
+            return config, history
+        margin += int((m.vram_peak_mib or budget) - budget) + 64
+    raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
+
+
+def our_config(model: Path, budget: float, trials: int, work: Path, log) -> tuple[TrialConfig, dict]:
+    """The recommendation of a fresh `autoinfer sweep` at this budget."""
+    spec = yaml.safe_load(CAMPAIGN.read_text())
+    spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
+    spec["constraints"]["vram_mib"] = budget
+    spec["budget"] = {"trials": trials, "wall_s": 3600}
+    path = work / f"vs-fit-{budget:.0f}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "AUTOINFER_RESULTS": str(work / "results")}
+    study = f"vs-fit-{budget:.0f}"
+    cli = [sys.executable, "-m", "autoinfer.cli"]
+    sweep = subprocess.run([*cli, "sweep", str(path), "--study", study, "--quiet"], env=env, text=True,
+                           capture_output=True, check=False)
+    log("\n".join("  sweep: " + line for line in sweep.stdout.strip().splitlines()[-12:]))
+    if sweep.returncode not in (0, 1):  # 1: the deployment check failed, the recommendation still stands
+        raise SystemExit(f"autoinfer sweep exited {sweep.returncode}: {sweep.stderr.strip()[-400:]}")
+    exported = subprocess.run([*cli, "export", "--study", study, "--format", "json"], env=env, text=True,
+                              capture_output=True, check=True)
+    answer = json.loads(exported.stdout)
+    return TrialConfig.from_params({**answer["config"], **MEASURE}), answer
+
+
+def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """`rounds` fresh-process runs of each, alternating order; one tg/pp score per run and its peak VRAM."""
+    engine = base.create("llama-bench")
+    out = {side: {"tg": [], "pp": [], "peak": []} for side in ("ours", "fit")}
+    for r in range(rounds):
+        for side, config in ([("ours", a), ("fit", b)] if r % 2 == 0 else [("fit", b), ("ours", a)]):
+            m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
+            if m.tg is None:
+                raise SystemExit(f"round {r}: {side} failed: {m.reason}")
+            out[side]["tg"].append(float(np.median(m.tg_samples)))
+            out[side]["pp"].append(float(np.median(m.pp_samples)))
+            out[side]["peak"].append(m.vram_peak_mib)
+    return out
+
+
+def describe(config: TrialConfig) -> str:
+    knobs = {k: v for k, v in config.to_params().items() if k not in ("model", "override_tensors", *MEASURE)}
+    layers = f"{len(config.override_tensors)} override(s)" if config.override_tensors else "no overrides"
+    return f"{layers}; " + " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--budgets", default="8192,12288,16384")
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--fit-tries", type=int, default=4)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    if not visible_gpus():
+        raise SystemExit("vs_fit needs an NVIDIA GPU: llama-fit-params places layers on one")
+    work = Path(tempfile.mkdtemp(prefix="vs-fit-"))
+    lines: list[str] = []
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    rows, records = [], []
+    for budget in (float(b) for b in args.budgets.split(",")):
+        log(f"== budget {budget:.0f} MiB")
+        fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)
+        ours, answer = our_config(args.model.resolve(), budget, args.trials, work, log)
+        log(f"  fit:  {describe(fit)}\n  ours: {describe(ours)}")
+        runs = interleave(ours, fit, args.rounds)
+        tg, pp = compare(runs["ours"]["tg"], runs["fit"]["tg"]), compare(runs["ours"]["pp"], runs["fit"]["pp"])
+        peak = {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
+        rows.append(f"| {budget:.0f} | {np.median(runs['fit']['tg']):.1f} | {np.median(runs['ours']['tg']):.1f} | "
+                    f"{tg.ratio:.2f} [{tg.ratio_ci[0]:.2f}, {tg.ratio_ci[1]:.2f}] p={tg.p_value:.3f} | "
+                    f"{np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} | "
+                    f"{pp.ratio:.2f} [{pp.ratio_ci[0]:.2f}, {pp.ratio_ci[1]:.2f}] | {peak['fit']:.0f} | {peak['ours']:.0f} |")
+        log(rows[-1])
+        records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
+                        "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
+                        "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict()})
+    table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | fit pp512 | ours pp512 | pp ours/fit [95% CI] "
+             "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
+                        + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
+    args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=str) + "\n")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
