@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from autoinfer.campaign.hardware import measured_gpus, visible_gpus
-from autoinfer.campaign.informed import parse_fit_params
+from autoinfer.search.informed import parse_fit_params
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.llama.binaries import find_tools
@@ -68,7 +68,7 @@ def our_config(model: Path, budget: float, trials: int, work: Path, log) -> tupl
     spec = yaml.safe_load(CAMPAIGN.read_text())
     spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
     spec["constraints"]["vram_mib"] = budget
-    spec["budget"] = {"trials": trials, "wall_s": 3600}
+    spec["budget"] = {"trials": trials, "wall_s": 480}
     path = work / f"vs-fit-{budget:.0f}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {**os.environ, "AUTOINFER_RESULTS": str(work / "results")}
@@ -141,14 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                         "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict()})
+        write(args, rows, lines, records)  # after every budget, so a run cut short keeps what it measured
+    return 0
+
+
+def write(args: argparse.Namespace, rows: list[str], lines: list[str], records: list[dict]) -> None:
     table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | fit pp512 | ours pp512 | pp ours/fit [95% CI] "
              "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
                         + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
     args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-    print("\n".join(table))
-    return 0
+    print("\n".join(table), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autoinfer.analysis.importers import ImportedRow, ImportResult
-from autoinfer.analysis.placement_bytes import placement_bytes
+from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.campaign import store
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError

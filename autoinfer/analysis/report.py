@@ -23,7 +23,7 @@ from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_c
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
 from autoinfer.campaign import deploy, store
 from autoinfer.campaign.drift import flagged_trials
-from autoinfer.campaign.pareto import points, tg_pp_front
+from autoinfer.search.pareto import points, tg_pp_front
 from autoinfer.campaign.recommend import Recommendation, recommend
 from autoinfer.measure.stats import compare
 

@@ -90,7 +90,7 @@ def export(
     loaded = load_study(study, storage)
     campaign = stored_campaign(loaded)
     if vram_budget is not None or objective is not None:
-        from autoinfer.campaign.pareto import pick
+        from autoinfer.search.pareto import pick
 
         best = pick(loaded, vram_budget, objective or "balanced")
     else:

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from autoinfer.errors import UserError
 
-STRATEGIES = ("random", "tpe", "informed")
+STRATEGIES = ("random", "tpe", "informed", "boundary")
+KNOWING = ("informed", "boundary")  # strategies that use the memory and performance models
 TARGET = 0.98
 # A table needs no machine hygiene: no idle wait, no drift anchor, no confirmation runs, no re-run of noisy rows.
 OFFLINE = {"idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
@@ -33,7 +34,7 @@ OFFLINE = {"idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"ena
 class StrategyResult:
     strategy: str
     trials_needed: tuple[int | None, ...]  # per seed; None: not reached within the trial budget
-    skipped: tuple[int, ...]  # predicted-infeasible records per seed
+    skipped: tuple[int, ...]  # records made without a measurement per seed (predicted infeasible, repeats)
     wall_s: float
     budget: int  # measured-trial budget of each run
 
@@ -124,8 +125,9 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
                     "objective": "tg" if objective == "tg" else "pp" if objective == "pp" else {"tg": 1, "pp": 1},
                     "budget": {"trials": trials}, "constraints": constraints,
                     "sampler": {"name": "random" if strategy == "random" else "tpe", "seed": seed},
-                    "search": {"informed": strategy == "informed", "skip_predicted": strategy == "informed",
-                               "fit_params": False, "prune_below": 0.5 if strategy == "informed" else None},
+                    "search": {"informed": strategy in KNOWING, "skip_predicted": strategy in KNOWING,
+                               "strategy": strategy if strategy in KNOWING else "boundary",
+                               "fit_params": False, "prune_below": 0.5 if strategy in KNOWING else None},
                     **OFFLINE,
                 }, str(table))
                 result = sweep(campaign, storage=MEMORY_STORAGE, progress=False)
@@ -138,13 +140,16 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
 
 
 def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
-    """(measured trials until one reached the goal, predicted-infeasible records) for one simulated study."""
+    """(measured trials until one reached the goal, records made without a measurement: predicted infeasible,
+    answered repeats) for one simulated study."""
+    from autoinfer.campaign.store import UNMEASURED_ATTR
+
     measured = 0
     skipped = 0
     reached = None
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         outcome = t.user_attrs.get("outcome")
-        if outcome == "predicted_infeasible":
+        if t.user_attrs.get(UNMEASURED_ATTR):
             skipped += 1
             continue
         measured += 1
@@ -162,7 +167,7 @@ def register(app: typer.Typer) -> None:
 def replay(
     table: Path = typer.Argument(..., help="CSV of measured configurations (benchmarks/make_table.py)."),
     sampler: str = typer.Option(",".join(STRATEGIES), "--sampler", help="Strategies, comma-separated: "
-                                "random, tpe, informed."),
+                                "random, tpe, informed, boundary."),
     seeds: int = typer.Option(20, "--seeds", min=1, help="Runs per strategy (seeds 0..N-1)."),
     budget_mib: Optional[float] = typer.Option(None, "--budget-mib", min=1, help="Memory budget in MiB."),
     trials: int = typer.Option(60, "--trials", min=1, help="Measured-trial budget of each run."),
@@ -176,7 +181,7 @@ def replay(
 
 def print_results(console: Console, results: list[StrategyResult], best: float, trials: int, objective: str) -> None:
     out = Table(title=f"trials to reach {TARGET:.0%} of the best feasible row ({objective} {best:.2f})")
-    for col in ("strategy", "median trials", "reached", "range", "predicted-infeasible (median)", "wall s"):
+    for col in ("strategy", "median trials", "reached", "range", "not run (median)", "wall s"):
         out.add_column(col)
     for r in results:
         reached = [n for n in r.trials_needed if n is not None]

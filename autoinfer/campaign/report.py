@@ -50,7 +50,7 @@ def print_status(console: Console, study: optuna.Study) -> None:
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     infeasible = sum(v for k, v in outcomes.items() if k in ("oom", "infeasible", "predicted_infeasible"))
     table.add_row("infeasible", str(infeasible))
-    from autoinfer.campaign.informed import status_rows
+    from autoinfer.search.informed import status_rows
 
     for key, value in status_rows(study):
         table.add_row(key, value)

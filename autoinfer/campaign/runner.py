@@ -21,10 +21,9 @@ import optuna
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autoinfer.campaign import hardware, hostlock, pareto, quality_gate, repeats, store, worker
+from autoinfer.campaign import hardware, hostlock, quality_gate, repeats, store, worker
 from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.guard import TrialGuard, run_engine
-from autoinfer.campaign.informed import SearchAid
 from autoinfer.campaign.models import resolve_models
 from autoinfer.campaign.progress import SweepProgress
 from autoinfer.campaign.recommend import as_best, recommend
@@ -35,6 +34,8 @@ from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
 from autoinfer.store.redact import redact_url
 from autoinfer.paths import default_storage, trial_dir
+from autoinfer.search import pareto, select
+from autoinfer.search.informed import SearchAid
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -243,8 +244,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             if decisions:
                 study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
-        aid.enqueue_start(study, dists)
-        aid.after_run(study)
+        strategy = select.create(campaign, aid, dists, models)
+        strategy.start(study)
         skips = repeated = 0
         nudge = random.Random(campaign.sampler.seed)
         done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t) and not store.is_remeasurement(t)]
@@ -281,6 +282,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
                               "answered with its measurement, not run")
                     repeated += 1
+                    strategy.observe(study)
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
                         fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
@@ -294,12 +296,13 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 repeated = 0
                 view.start(trial.number, params)
                 skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
-                           or aid.before_run(trial, config))
+                           or strategy.screen(trial, config))
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget
                     trial.set_user_attr(store.UNMEASURED_ATTR, True)
                     record(study, trial, campaign, skipped)
                     view.finish(study.trials[trial.number], recommend(study), counted=False)
                     skips += 1
+                    strategy.observe(study)
                     if skips > aid.max_skips(budget.trials):
                         view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
                                   "a combination the engine refuses)")
@@ -318,7 +321,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
                               "within the grace period) and re-queued: this measurement is dropped")
                     continue
-                aid.after_run(study)
+                strategy.observe(study)
                 ran += 1
                 charged += not store.is_remeasurement(trial)
                 view.finish(study.trials[trial.number], recommend(study), counted=not store.is_remeasurement(trial))

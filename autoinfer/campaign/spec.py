@@ -102,9 +102,12 @@ class Sampler(_Strict):
 
 
 class Search(_Strict):
-    """How the search uses the model and the memory budget (autoinfer.campaign.informed)."""
+    """How the search uses the model and the memory budget (autoinfer.search.informed)."""
 
-    informed: bool = True  # start a new study with the largest placement predicted to fit and its neighbours
+    informed: bool = True  # use the model and the budget (strategy below); false: the sampler alone
+    # boundary: memory boundary, then local moves, then the sampler (autoinfer.search.boundary);
+    # informed: the earlier fixed start (largest placement predicted to fit, its neighbours), then the sampler
+    strategy: Literal["boundary", "informed"] = "boundary"
     neighbours: int = Field(4, ge=0)
     fit_params: bool = True  # add llama-fit-params' answer for the same budget as a labelled baseline trial
     skip_predicted: bool = True  # record configurations confidently over the budget as predicted_infeasible

@@ -7,7 +7,7 @@ so it is valid both in llama-bench (where `,` separates configurations) and in l
 (one `=CUDAk` pattern per GPU); "layers" leaves them with their layer, wherever -sm/-ts put it.
 
 The memory model adds what a configuration puts in device memory (or, on a CPU-only build, in RAM): weights
-(byte accounting from autoinfer.analysis.placement_bytes), KV cache and recurrent state for the context, compute
+(byte accounting from autoinfer.model.placement_bytes), KV cache and recurrent state for the context, compute
 buffers that grow with ubatch, and the staging copy of host-resident experts that op offload makes during prompt
 processing. It starts from these physical estimates and is calibrated online (Bayesian linear regression) from
 the peaks measured by finished trials, so its error shrinks as the campaign runs and is always reported. On several
@@ -27,7 +27,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from autoinfer.analysis.placement_bytes import device_bytes, layer_devices, placement_bytes
+from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
 from autoinfer.engines.base import TrialConfig
 from autoinfer.errors import UserError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoinfer.analysis.placement_bytes import placement_bytes
+from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.errors import UserError
 from autoinfer.model.gguf_info import read_info
 

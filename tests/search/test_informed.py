@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoinfer.campaign import store
-from autoinfer.campaign.informed import LABEL_ATTR, parse_fit_params
+from autoinfer.search.informed import LABEL_ATTR, parse_fit_params
 from autoinfer.campaign.replay_cli import OFFLINE, compare
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
@@ -24,11 +24,12 @@ def planted(tmp_path_factory) -> Path:
     return planted_table(tmp_path_factory.mktemp("planted"))
 
 
-def test_informed_needs_a_quarter_of_random_trials(planted):
-    results, _ = compare(planted, ["random", "informed"], seeds=8, budget_mib=BUDGET, trials=40)
-    random, informed = results
-    assert informed.median * 4 <= random.median, (random.trials_needed, informed.trials_needed)
-    assert sum(n is not None for n in informed.trials_needed) >= 7
+def test_informed_and_boundary_need_a_quarter_of_random_trials(planted):
+    results, _ = compare(planted, ["random", "informed", "boundary"], seeds=8, budget_mib=BUDGET, trials=40)
+    random, *knowing = results
+    for strategy in knowing:
+        assert strategy.median * 4 <= random.median, (random.trials_needed, strategy.strategy, strategy.trials_needed)
+        assert sum(n is not None for n in strategy.trials_needed) >= 7
 
 
 def _campaign(planted: Path, **search) -> dict:
@@ -40,7 +41,7 @@ def _campaign(planted: Path, **search) -> dict:
 
 
 def test_sweep_records_predictions_labels_and_pruning(planted):
-    result = sweep(parse_campaign(_campaign(planted)), storage="memory", progress=False)
+    result = sweep(parse_campaign(_campaign(planted, strategy="informed")), storage="memory", progress=False)
     trials = result.study.get_trials(deepcopy=False)
     outcomes = [store.outcome_of(t) for t in trials]
     measured = [t for t in trials if store.is_finished(t)]
@@ -84,7 +85,7 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     """llama-fit-params' -ts on several GPUs replaces the trial's tensor split and nothing else."""
     import optuna
 
-    from autoinfer.campaign.informed import FIT_SPLIT_ATTR, SearchAid
+    from autoinfer.search.informed import FIT_SPLIT_ATTR, SearchAid
     from autoinfer.campaign.space import distributions, suggest, to_config
     from autoinfer.engines import base
     from autoinfer.model.placement import EXPERT_TENSORS
@@ -109,7 +110,7 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
     on a host budget it keeps llama.cpp's default."""
     import optuna
 
-    from autoinfer.campaign.informed import SearchAid
+    from autoinfer.search.informed import SearchAid
     from autoinfer.campaign.space import distributions
     from autoinfer.engines import base
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from autoinfer.campaign import pareto
+from autoinfer.search import pareto
 from autoinfer.campaign.replay_cli import OFFLINE
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
@@ -58,7 +58,7 @@ def test_status_and_export_show_the_front(study):
     runner = CliRunner()
     status = runner.invoke(app, ["status", "--study", "front", "--storage", storage])
     assert status.exit_code == 0, status.output
-    assert "pareto trial" in status.output and "memory model" in status.output
+    assert "pareto trial" in status.output and "sampled" in status.output
     budget = pareto.front(study)[0].mem_mib
     out = runner.invoke(app, ["export", "--study", "front", "--storage", storage, "--format", "json",
                               "--vram-budget", str(budget + 1), "--objective", "tg"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoinfer.analysis.placement_bytes import placement_bytes
+from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.engines import base
 from autoinfer.engines.base import Outcome, RunContext, TrialConfig
 from autoinfer.model.placement import (

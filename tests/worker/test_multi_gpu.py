@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoinfer.analysis.placement_bytes import device_bytes, layer_devices, placement_bytes
+from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
 from autoinfer.campaign import hardware, worker
 from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, parse_campaign
@@ -130,10 +130,10 @@ def test_memory_model_predicts_each_gpu_of_the_h200_pair():
 
 
 def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
-    """Replaying the H200 pair's table: the informed start is predicted (and measured) within 6 GiB on each GPU, and
+    """Replaying the H200 pair's table: the first trial is predicted (and measured) within 6 GiB on each GPU, and
     the splits that leave one GPU over it are recorded as predicted_infeasible, not run."""
     from autoinfer.campaign import store
-    from autoinfer.campaign.informed import LABEL_ATTR
+    from autoinfer.search.informed import REASON_ATTR
     from autoinfer.campaign.replay_cli import OFFLINE
     from autoinfer.campaign.runner import sweep
 
@@ -146,7 +146,7 @@ def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
                         "search": {"fit_params": False, "prune_below": None}, **OFFLINE})
     trials = sweep(c, storage="memory", progress=False).study.get_trials(deepcopy=False)
     first = trials[0]
-    assert first.user_attrs[LABEL_ATTR].startswith("informed") and max(first.user_attrs["vram_per_gpu_mib"]) <= 6144
+    assert first.user_attrs[REASON_ATTR].startswith("boundary") and max(first.user_attrs["vram_per_gpu_mib"]) <= 6144
     skipped = [t for t in trials if store.outcome_of(t) == "predicted_infeasible"]
     assert all(t.params["expert_split"] == "layers" for t in skipped)
     assert all(max(t.user_attrs["vram_per_gpu_mib"]) <= 6144 for t in trials if store.outcome_of(t) == "ok")

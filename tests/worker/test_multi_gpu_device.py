@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoinfer.analysis.placement_bytes import placement_bytes
+from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.campaign.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig

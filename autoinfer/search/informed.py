@@ -39,6 +39,9 @@ from autoinfer.model.placement import (
     realize,
 )
 
+SHOWN_REASONS = 12  # the last trials whose choice `status` explains
+SAMPLED = "sampler:"  # the reason of a trial the strategy left to the campaign's sampler
+REASON_ATTR = "search_reason"  # why the search strategy chose a trial (autoinfer.search), shown by `status`
 LABEL_ATTR = "label"
 FIT_OVERRIDE_ATTR = "fit_override_tensors"
 FIT_SPLIT_ATTR = "fit_tensor_split"  # llama-fit-params' -ts on several GPUs, in llama-bench's "a/b" notation
@@ -164,7 +167,7 @@ class SearchAid:
         """Recalibrate the memory model; keep the Pareto front on the study in multi-objective mode."""
         self.calibrate(study)
         if self.campaign.objective == "pareto":
-            from autoinfer.campaign.pareto import remember
+            from autoinfer.search.pareto import remember
 
             remember(study)
 
@@ -399,8 +402,9 @@ def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: 
 
 
 def status_rows(study: optuna.Study) -> list[tuple[str, str]]:
-    """What `status` shows about the search: the memory model's error, the informed start, the Pareto front."""
-    from autoinfer.campaign.pareto import FRONT_ATTR, front
+    """What `status` shows about the search: the memory model's error, the informed start, why the last trials
+    were chosen, the Pareto front."""
+    from autoinfer.search.pareto import FRONT_ATTR, front
 
     rows = []
     for name, cal in (study.user_attrs.get(MEMORY_ATTR) or {}).items():
@@ -412,6 +416,13 @@ def status_rows(study: optuna.Study) -> list[tuple[str, str]]:
         rows.append((f"  trial {t.number}", f"{t.user_attrs[LABEL_ATTR]} → {store.outcome_of(t)}"))
     for note in study.user_attrs.get(NOTES_ATTR) or []:
         rows.append(("search note", note))
+    chosen = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(REASON_ATTR) and store.is_finished(t)]
+    sampled = [t for t in chosen if t.user_attrs[REASON_ATTR].startswith(SAMPLED)]
+    for t in [t for t in chosen if t not in sampled][-SHOWN_REASONS:]:
+        rows.append((f"  search trial {t.number}", f"{t.user_attrs[REASON_ATTR]} → {store.outcome_of(t)}"))
+    if sampled:
+        rows.append(("  sampled", f"{len(sampled)} trial(s) chosen by the sampler once the strategy had no move left "
+                                  f"(trials {sampled[0].number}–{sampled[-1].number})"))
     if FRONT_ATTR in study.user_attrs:
         for p in front(study):
             rows.append((f"pareto trial {p.trial.number}",

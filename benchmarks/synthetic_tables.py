@@ -1,0 +1,122 @@
+"""Synthetic replay tables with random structure, for judging a search on tables it was not built on.
+
+Each seed draws a model layout (layers, bytes per layer), a machine (bandwidths, thread scaling, whole-layer
+cost), a memory slope and overhead, a knob space (which secondary knobs, which values), a random effect of every
+knob value on tg and pp, random pairwise interactions and per-row noise; speeds follow the performance model's
+form (autoinfer.search.performance) and peaks the memory model's terms (autoinfer.model.placement) with the
+random slopes. Not measurements: the search must not be tuned on them, only judged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.replay import shape_path
+from autoinfer.model.placement import MemoryModel, ModelShape, TensorBytes
+from autoinfer.model.performance import PerformanceModel
+
+
+def random_shape(rng: np.random.Generator) -> ModelShape:
+    """A qwen35moe-like layout: 24–48 layers, every 4th attention, experts of a random size (quantisation)."""
+    n_layers = int(rng.choice([24, 32, 40, 48]))
+    scale = float(rng.uniform(0.5, 1.3))  # ~Q2 … Q5 relative to Q4_K
+    expert = [int(151e6 * scale), int(151e6 * scale), int(220e6 * scale)]
+    tensors = [TensorBytes("token_embd.weight", None, "embeddings", int(286e6 * scale)),
+               TensorBytes("output.weight", None, "output", int(286e6 * scale)),
+               TensorBytes("output_norm.weight", None, "norm", 8192)]
+    for i in range(n_layers):
+        attention = (i + 1) % 4 == 0
+        tensors += [TensorBytes(f"blk.{i}.attn_norm.weight", i, "norm", 8192),
+                    TensorBytes(f"blk.{i}.attn_q.weight" if attention else f"blk.{i}.attn_qkv.weight", i,
+                                "attention" if attention else "gdn", int(14e6 * scale)),
+                    TensorBytes(f"blk.{i}.ffn_gate_inp.weight", i, "router", 2_097_152),
+                    TensorBytes(f"blk.{i}.ffn_up_shexp.weight", i, "shared_expert", int(0.6e6 * scale)),
+                    TensorBytes(f"blk.{i}.ffn_down_shexp.weight", i, "shared_expert", int(0.9e6 * scale))]
+        tensors += [TensorBytes(f"blk.{i}.ffn_{p}_exps.weight", i, "routed_experts", n)
+                    for p, n in zip(("up", "gate", "down"), expert)]
+    return ModelShape(n_layers=n_layers, n_experts=256, n_experts_used=8, hidden=2048, vocab=248320, n_head=16,
+                      n_head_kv=2, key_length=256, value_length=256, expert_ff=512,
+                      attention_layers=tuple(i for i in range(n_layers) if (i + 1) % 4 == 0),
+                      recurrent_state_bytes=4 * 32 * 128 * 128, tensors=tuple(tensors))
+
+
+def random_space(rng: np.random.Generator, n_layers: int) -> dict[str, list]:
+    """Placement axes plus a random subset of secondary knobs with random value sets."""
+    step = int(rng.choice([2, 4])) if n_layers <= 32 else int(rng.choice([4, 5]))
+    space = {"n_gpu_layers": [99] + sorted(rng.choice(np.arange(n_layers // 3, n_layers), 2, replace=False).tolist()),
+             "placement": ["first", "last", "even"],
+             "cpu_expert_layers": list(range(0, n_layers + 1, step))}
+    if space["cpu_expert_layers"][-1] != n_layers:
+        space["cpu_expert_layers"].append(n_layers)
+    optional = {"threads": [[4, 8, 12, 16], [8, 16], [6, 12, 18, 24], [2, 4, 8]],
+                "ubatch": [[128, 512, 2048], [256, 512, 1024], [512, 2048]],
+                "type_k": [["f16", "q8_0"], ["f16", "q8_0", "q4_0"]],
+                "load_mode": [["mmap", "none"]],
+                "flash_attn": [["on", "off"]]}
+    chosen = [k for k in optional if rng.random() < 0.75]
+    while len(chosen) < 2:
+        chosen = sorted(set(chosen) | {str(rng.choice(list(optional)))})
+    for knob in chosen:
+        options = optional[knob]
+        space[knob] = options[int(rng.integers(len(options)))]
+    return space
+
+
+def synthetic_table(folder: Path, seed: int) -> Path:
+    """Write synthetic-<seed>.csv (+ .shape.json and .meta.json with the budgets it allows) into folder."""
+    rng = np.random.default_rng(1000 + seed)
+    shape = random_shape(rng)
+    space = random_space(rng, shape.n_layers)
+    knobs = [k for k in space if k not in ("n_gpu_layers", "cpu_expert_layers")]
+    memory = MemoryModel(shape, "device")
+    perf = PerformanceModel(shape)
+    # the machine: bandwidths, thread scaling, whole-layer cost, memory slopes
+    t0, cpu_s_gb, gpu_s_gb = 1 / rng.uniform(150, 400), 1 / rng.uniform(20, 90), 1 / rng.uniform(1500, 3500)
+    whole_s = rng.uniform(0.4e-3, 2.0e-3)
+    thread_k, thread_sat, thread_slow = rng.uniform(0.5, 4.0), rng.choice([6, 8, 12, 16]), rng.uniform(0.0, 0.4)
+    slopes = {"weights": rng.uniform(0.98, 1.06), "cache": rng.uniform(0.8, 1.5), "compute": rng.uniform(0.5, 2.5),
+              "offload_copy": rng.uniform(0.0, 1.2)}
+    overhead = rng.uniform(200, 900)
+    # random effects of knob values (log-scale), pattern effects on the CPU-side time, pairwise interactions
+    effects = {k: {str(v): rng.normal(0, rng.choice([0.01, 0.03, 0.06])) for v in space[k]} for k in knobs}
+    cpu_pattern = {p: rng.uniform(0.85, 1.15) for p in space["placement"]}
+    pairs = [tuple(p) for p in itertools.combinations(knobs, 2) if rng.random() < 0.4]
+    inter = {(a, b): {(str(x), str(y)): rng.normal(0, 0.03) for x in space[a] for y in space[b]} for a, b in pairs}
+    noise = rng.uniform(0.01, 0.04)
+    rows = []
+    names = list(space)
+    for values in itertools.product(*(space[n] for n in names)):
+        params = dict(zip(names, values))
+        config = TrialConfig.from_params({"model": "m", "n_prompt": 512, "n_gen": 64, **params})
+        f = perf.features(config)
+        threads = f.threads if "threads" in params else 8.0
+        thread_factor = (1 + thread_k / threads) * (1 + thread_slow * max(0.0, threads - thread_sat) / thread_sat)
+        t = (t0 + cpu_s_gb * f.cpu_gb * thread_factor * cpu_pattern[params["placement"]] + gpu_s_gb * f.gpu_gb
+             + whole_s * f.cpu_layers)
+        log_effect = sum(effects[k][str(params[k])] for k in knobs)
+        log_effect += sum(inter[(a, b)][(str(params[a]), str(params[b]))] for a, b in pairs)
+        tg = np.exp(log_effect) / t
+        ub = f.ubatch
+        copy = (1.0 if params.get("load_mode", "none") == "none" else 4.0) / 25
+        pp = np.exp(0.5 * log_effect) / (1 / 9000 + copy * f.cpu_total_gb / ub + whole_s * f.cpu_layers / 20)
+        parts = memory.predict(config).parts
+        vram = sum(slopes[k] * parts[k] for k in slopes) + overhead + rng.normal(0, 20)
+        tg_s = tg * np.exp(rng.normal(0, noise, 3)) * np.exp(rng.normal(0, noise))
+        pp_s = pp * np.exp(rng.normal(0, 2 * noise, 3))
+        rows.append({**params, "tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
+                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s),
+                     "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)})
+    df = pd.DataFrame(rows)
+    path = Path(folder) / f"synthetic-{seed}.csv"
+    df.to_csv(path, index=False)
+    shape_path(path).write_text(shape.to_json())
+    low, high = df["vram_mib"].min(), df["vram_mib"].max()
+    budgets = [b for b in (8192, 12288, 16384) if low < b < high]
+    path.with_suffix(".meta.json").write_text(pd.Series({"source": f"synthetic seed {seed}",
+                                                         "budgets_mib": budgets}).to_json())
+    return path

@@ -1,0 +1,77 @@
+"""The boundary search on measured tables: it starts at the largest placement that fits, moves the other knobs
+around the best trial, keeps whole-layer offload out where expert placement wins, and says why in `status`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from autoinfer.campaign.replay_cli import OFFLINE, _space
+from autoinfer.campaign.report import print_status
+from autoinfer.campaign.runner import sweep
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.campaign.store import MEMORY_STORAGE
+from autoinfer.engines.replay import parameter_columns, read_table
+from autoinfer.search.informed import REASON_ATTR
+
+TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
+
+
+def _replay(table: Path, budget: float, trials: int, seed: int = 0, strategy: str = "boundary"):
+    df = read_table(table)
+    campaign = parse_campaign({
+        "name": f"boundary-{seed}", "engine": "replay", "engine_options": {"table": str(table), "seed": seed},
+        "model": str(table), "space": _space(df, parameter_columns(df)), "objective": "tg",
+        "budget": {"trials": trials}, "constraints": {"vram_mib": budget}, "sampler": {"name": "tpe", "seed": seed},
+        "search": {"informed": True, "skip_predicted": True, "strategy": strategy, "fit_params": False}, **OFFLINE,
+    }, str(table))
+    return sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
+
+
+def _measured(study):
+    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("unmeasured")]
+
+
+@pytest.mark.parametrize("budget", [8192.0, 12288.0])
+def test_first_trial_is_the_largest_placement_that_fits(budget):
+    table = TABLES / "h100-35b-knobs.csv"
+    df = pd.read_csv(table)
+    study = _replay(table, budget, trials=1)
+    first = _measured(study)[0]
+    fitting = df[df.vram_mib <= budget].cpu_expert_layers.min()  # fewest expert layers in RAM that fit
+    assert first.params["cpu_expert_layers"] == fitting
+    assert first.user_attrs["vram_peak_mib"] <= budget
+    assert first.user_attrs[REASON_ATTR].startswith("boundary:")
+
+
+def test_local_moves_then_the_best_row_within_a_few_trials():
+    table = TABLES / "h100-35b-knobs.csv"
+    df = pd.read_csv(table)
+    budget = 12288.0
+    study = _replay(table, budget, trials=8)
+    measured = _measured(study)
+    reasons = [t.user_attrs[REASON_ATTR] for t in measured]
+    assert reasons[0].startswith("boundary:") and any(r.startswith("local:") for r in reasons[1:4])
+    best_row = df[df.vram_mib <= budget].tg.max()
+    rows = [t.user_attrs["metrics"]["replay_row"] for t in measured if t.user_attrs.get("outcome") == "ok"]
+    assert max(df.tg.iloc[r] for r in rows) >= 0.98 * best_row
+    # every move keeps the boundary placement: nothing far from it is measured while moves are left
+    assert all(t.params["cpu_expert_layers"] <= 24 for t in measured[:4])
+
+
+def test_whole_layer_offload_stays_out_where_expert_placement_wins():
+    table = TABLES / "h100-35b.csv"  # whole-layer rows (n_gpu_layers 20-36) beside expert placements at 99
+    study = _replay(table, 8192.0, trials=6)
+    proposed = [t for t in _measured(study) if str(t.user_attrs.get(REASON_ATTR, "")).startswith(("boundary", "local"))]
+    assert proposed and all(t.params["n_gpu_layers"] == 99 for t in proposed)
+
+
+def test_status_explains_the_choices():
+    study = _replay(TABLES / "h100-35b-knobs.csv", 8192.0, trials=4)
+    console = Console(record=True, width=200)
+    print_status(console, study)
+    text = console.export_text()
+    assert "boundary: fastest placement predicted to fit" in text and "local:" in text
