@@ -245,7 +245,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
         strategy = select.create(campaign, aid, dists, models)
-        strategy.start(study)
+        with worker.serialized(study):  # two workers must not both queue a proposal for the last budgeted trial
+            strategy.start(study)
         skips = repeated = 0
         nudge = random.Random(campaign.sampler.seed)
         done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t) and not store.is_remeasurement(t)]
@@ -282,7 +283,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
                               "answered with its measurement, not run")
                     repeated += 1
-                    strategy.observe(study)
+                    with worker.serialized(study):
+                        strategy.observe(study)
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
                         fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
@@ -302,7 +304,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     record(study, trial, campaign, skipped)
                     view.finish(study.trials[trial.number], recommend(study), counted=False)
                     skips += 1
-                    strategy.observe(study)
+                    with worker.serialized(study):
+                        strategy.observe(study)
                     if skips > aid.max_skips(budget.trials):
                         view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
                                   "a combination the engine refuses)")
@@ -321,7 +324,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
                               "within the grace period) and re-queued: this measurement is dropped")
                     continue
-                strategy.observe(study)
+                with worker.serialized(study):
+                    strategy.observe(study)
                 ran += 1
                 charged += not store.is_remeasurement(trial)
                 view.finish(study.trials[trial.number], recommend(study), counted=not store.is_remeasurement(trial))

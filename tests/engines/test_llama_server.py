@@ -61,6 +61,21 @@ def _wait_healthy(root: psutil.Process, deadline_s: float = 60) -> tuple[psutil.
     raise AssertionError("llama-server never became healthy")
 
 
+def _wait_generating(port: int, deadline_s: float = 60) -> None:
+    """Until a slot generates a request after the warm-up (task 0): the measured one, which a fast host finishes
+    within a second or two (the server caps it at the context size)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/slots", timeout=2) as r:
+                if any(s.get("is_processing") and s.get("id_task", 0) >= 1 for s in json.load(r)):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError("llama-server never started the measured request")
+
+
 def test_measures_prompt_and_generation_with_startup_and_ttft(engine, chat_model, tmp_path):
     m = engine.run(trial(chat_model), context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
@@ -112,7 +127,7 @@ def test_server_killed_mid_trial_is_a_crash_without_orphans(engine, chat_model, 
     worker = threading.Thread(target=lambda: result.setdefault("m", engine.run(config, context(tmp_path, 300))))
     worker.start()
     server, port = _wait_healthy(psutil.Process())
-    time.sleep(1.0)  # the measured request is being generated now
+    _wait_generating(port)
     server.send_signal(signal.SIGKILL)
     worker.join(60)
     assert not worker.is_alive()

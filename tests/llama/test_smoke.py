@@ -36,7 +36,7 @@ from autoinfer.llama.build import (
     variant_flags,
     working_tools,
 )
-from autoinfer.measure.crash import kernel_log
+from autoinfer.measure.crash import boot_seconds, kernel_component, kernel_log
 from autoinfer.paths import default_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,17 +198,23 @@ def test_a_campaign_whose_trials_all_crash_exits_3_with_a_diagnosis(llama_tools,
         "idle": {"policy": "off"}, "sampler": {"name": "random", "seed": 0},
     }))
     runner = CliRunner()
+    since = boot_seconds()
     swept = runner.invoke(app, ["sweep", str(path), "--quiet"])
     assert swept.exit_code == SWEEP_FAILED, swept.output
     assert "all 2 trials failed; most common: crash (SIGILL) in 2 of them" in swept.output
     assert "autoinfer build" in swept.output and "repack: 0" in swept.output
     study = optuna.load_study(study_name="doomed", storage=default_storage())
-    readable = any("[" in line for line in kernel_log())
+    # the kernel rate-limits its fault lines (and may not log them at all): a trial names the component when the
+    # kernel logged every fault, and never names a wrong one
+    logged = [line for line in kernel_log() if kernel_component([line], "llama-bench", since)[1]]
     for t in study.get_trials():
         assert t.user_attrs["metrics"]["signal"] == "SIGILL"
         assert "illegal instruction" in t.user_attrs["reason"]
-        if readable and (tmp_path / "trials" / "libamxstandin.so").exists():  # a real fault the kernel logged
-            assert t.user_attrs["metrics"]["faulting_component"] == COMPONENT
+        component = t.user_attrs["metrics"].get("faulting_component")
+        if len(logged) >= len(study.trials) and (tmp_path / "trials" / "libamxstandin.so").exists():
+            assert component == COMPONENT, logged
+        if component is not None:
+            assert component == COMPONENT
             assert f"in {COMPONENT} (from the kernel log)" in t.user_attrs["reason"]
     line = diagnose(study).line()
     exported = subprocess.run([sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study",
