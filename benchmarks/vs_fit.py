@@ -12,6 +12,10 @@ Per budget:
 3. Both configurations run interleaved, `--rounds` rounds, each run a fresh llama-bench process, alternating which
    goes first; one score per run (the median of its repetitions). Printed: tg and pp medians, the ratio ours/fit with
    its 95% bootstrap CI and the Mann-Whitney p-value, and each side's peak VRAM.
+4. The bandwidth account: the weight bytes one decoded token reads on each side (the shared performance model's
+   features), the host's measured read bandwidth (a multi-threaded sum over 2 GiB, as many threads as the
+   configuration uses) and the GPU's (a device-to-device copy); the ceiling 1 / (cpu_GB/host_GB/s + gpu_GB/gpu_GB/s)
+   is the tg no placement of those bytes can beat, and the table shows how close each answer comes to its own.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +41,8 @@ from autoinfer.llama.binaries import find_tools
 from autoinfer.measure.gpu import memory_used_mib
 from autoinfer.measure.process import run_isolated
 from autoinfer.measure.stats import compare
+from autoinfer.model.performance import features_of
+from autoinfer.model.placement import shape_from_gguf
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
@@ -100,6 +107,42 @@ def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[st
     return out
 
 
+def host_read_gbps(threads: int) -> float:
+    """Best of five multi-threaded sums over 2 GiB of host memory (GB/s read)."""
+    import torch
+    torch.set_num_threads(threads)
+    data = torch.ones(2**29, dtype=torch.float32)
+    best = min(_timed(lambda: float(data.sum())) for _ in range(5))
+    return data.numel() * 4 / best / 1e9
+
+
+def gpu_copy_gbps() -> float:
+    """Best of ten device-to-device copies of 2 GiB, bytes read and written (GB/s)."""
+    import torch
+    src = torch.empty(2**29, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
+        dst.copy_(src)
+        torch.cuda.synchronize()
+    copy()
+    return 2 * src.numel() * 4 / min(_timed(copy) for _ in range(10)) / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def ceiling(model: Path, config: TrialConfig, host_gbps: float, gpu_gbps: float) -> dict:
+    """Bytes one token reads on each side and the tg they allow at the measured bandwidths."""
+    f = features_of(shape_from_gguf(model), config)
+    seconds = f.cpu_gb / host_gbps + f.gpu_gb / gpu_gbps
+    return {"cpu_gb_per_token": round(f.cpu_gb, 4), "gpu_gb_per_token": round(f.gpu_gb, 4),
+            "tg_ceiling": round(1 / seconds, 1)}
+
+
 def describe(config: TrialConfig) -> str:
     knobs = {k: v for k, v in config.to_params().items() if k not in ("model", "override_tensors", *MEASURE)}
     layers = f"{len(config.override_tensors)} override(s)" if config.override_tensors else "no overrides"
@@ -124,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    rows, records = [], []
+    rows, accounts, records = [], [], []
     for budget in (float(b) for b in args.budgets.split(",")):
         log(f"== budget {budget:.0f} MiB")
         fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)
@@ -133,6 +176,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = interleave(ours, fit, args.rounds)
         tg, pp = compare(runs["ours"]["tg"], runs["fit"]["tg"]), compare(runs["ours"]["pp"], runs["fit"]["pp"])
         peak = {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
+        gpu_gbps = gpu_copy_gbps()
+        bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads or 16), gpu_gbps)
+                 for side, config in (("ours", ours), ("fit", fit))}
+        reached = {side: np.median(runs[side]["tg"]) / bound[side]["tg_ceiling"] for side in bound}
+        log(f"  bandwidth: GPU copy {gpu_gbps:.0f} GB/s; " + "; ".join(
+            f"{side} reads {b['cpu_gb_per_token']:.3f} GB/token on the host, {b['gpu_gb_per_token']:.3f} on the GPU: "
+            f"ceiling {b['tg_ceiling']:.1f} tok/s, reached {reached[side]:.0%}" for side, b in bound.items()))
+        accounts.append(f"| {budget:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} | {bound['ours']['cpu_gb_per_token']:.3f} "
+                        f"| {bound['fit']['tg_ceiling']:.1f} ({reached['fit']:.0%}) "
+                        f"| {bound['ours']['tg_ceiling']:.1f} ({reached['ours']:.0%}) |")
         rows.append(f"| {budget:.0f} | {np.median(runs['fit']['tg']):.1f} | {np.median(runs['ours']['tg']):.1f} | "
                     f"{tg.ratio:.2f} [{tg.ratio_ci[0]:.2f}, {tg.ratio_ci[1]:.2f}] p={tg.p_value:.3f} | "
                     f"{np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} | "
@@ -140,14 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         log(rows[-1])
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
-                        "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict()})
-        write(args, rows, lines, records)  # after every budget, so a run cut short keeps what it measured
+                        "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
+                        "gpu_copy_gbps": round(gpu_gbps)})
+        write(args, rows, accounts, lines, records)  # after every budget, so a run cut short keeps what it measured
     return 0
 
 
-def write(args: argparse.Namespace, rows: list[str], lines: list[str], records: list[dict]) -> None:
+def write(args: argparse.Namespace, rows: list[str], accounts: list[str], lines: list[str],
+          records: list[dict]) -> None:
     table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | fit pp512 | ours pp512 | pp ours/fit [95% CI] "
-             "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows]
+             "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
+             "| budget MiB | fit host GB/token | ours host GB/token | fit tg ceiling (reached) | ours tg ceiling (reached) |",
+             "|---|---|---|---|---|", *accounts]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
                         + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
