@@ -23,6 +23,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autoinfer.analysis.importers import ImportedRow, ImportResult
+from autoinfer.model.placement import PLACEMENT_KEYS, first_gpu_layer, realize
 from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.campaign import store
 from autoinfer.engines.base import Outcome, TrialConfig
@@ -226,13 +227,15 @@ def study_frame(study: optuna.Study) -> pd.DataFrame:
 
 
 def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | None]) -> pd.DataFrame:
-    """GB of weights on the GPU and in RAM (total and read per token) from each model's GGUF byte accounting.
+    """GB of weights on the GPU and in RAM (total and read per token) and the whole layers left on the CPU, from
+    each model's GGUF byte accounting of the trial's placement (its -ngl, -ncmoe and overrides, and the campaign's
+    placement parameters `placement`/`cpu_expert_layers`/`expert_split` realised as llama.cpp would get them).
 
     `info_of(model)` returns a ModelInfo, or None when the file is not on this machine (imported rows); those rows
     get NaN rather than a guess.
     """
     out = frame.copy()
-    columns = ("gpu_gb", "cpu_gb", "active_gpu_gb", "active_cpu_gb")
+    columns = ("gpu_gb", "cpu_gb", "active_gpu_gb", "active_cpu_gb", "cpu_layers")
     values: dict[str, list[float]] = {c: [] for c in columns}
     infos: dict[str, Any] = {}
     for _, r in out.iterrows():
@@ -244,14 +247,27 @@ def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | N
             for c in columns:
                 values[c].append(float("nan"))
             continue
-        patterns = [p for p in str(r.get("override_tensors") or "").split(";") if p]
-        pb = placement_bytes(info, int(r.get("n_gpu_layers", 99)), int(r.get("n_cpu_moe", 0) or 0), patterns,
-                             gpu=ran_on_gpu(r))
-        for c in columns:
+        gpu = ran_on_gpu(r)
+        config = realize(placement_config(r), info.n_layers)
+        pb = placement_bytes(info, config.n_gpu_layers, config.n_cpu_moe, config.override_tensors, gpu=gpu)
+        for c in columns[:-1]:
             values[c].append(getattr(pb, c))
+        values["cpu_layers"].append(min(first_gpu_layer(config.n_gpu_layers, info.n_layers), info.n_layers)
+                                    if gpu else info.n_layers)
     for c in columns:
         out[c] = values[c]
     return out
+
+
+def placement_config(row: pd.Series) -> TrialConfig:
+    """The placement part of a trial row as a configuration (missing values take llama.cpp's defaults)."""
+    given = {k: row.get(k) for k in ("n_gpu_layers", "n_cpu_moe", "override_tensors", *PLACEMENT_KEYS)}
+    given = {k: v for k, v in given.items() if v is not None and not (isinstance(v, float) and math.isnan(v))
+             and v != ""}
+    for k in ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers"):
+        if k in given:
+            given[k] = int(given[k])
+    return TrialConfig.from_params({"model": str(row.get("model", "")), **given})
 
 
 def ran_on_gpu(row: pd.Series) -> bool:
@@ -294,7 +310,8 @@ def load_frame(study: optuna.Study, *, placement: bool = True) -> pd.DataFrame:
 # ---------------------------------------------------------------- per configuration
 
 # Columns that describe a configuration in the per-configuration table (those present are kept).
-CONFIG_COLUMNS = ("model", "quant", "n_gpu_layers", "n_cpu_moe", "override_tensors", "threads", "batch", "ubatch",
+CONFIG_COLUMNS = ("model", "quant", "n_gpu_layers", "n_cpu_moe", "placement", "cpu_expert_layers", "expert_split",
+                  "override_tensors", "threads", "batch", "ubatch",
                   "type_k", "type_v", "flash_attn", "load_mode", "n_ctx", "n_gen", "variant")
 
 

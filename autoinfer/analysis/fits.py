@@ -5,7 +5,11 @@ comparable between model families. Parameter CIs come from refitting on trials r
 
 - power law (the seed's form): tok/s = C·(M − x)^α, x = GB of weights in system RAM, M fitted (not fixed);
   parameters are reported as ln C, α, M.
-- bandwidth (roofline): 1/tok/s = t0 + bytes_cpu/BW_cpu + bytes_gpu/BW_gpu, non-negative coefficients.
+- bandwidth (roofline): 1/tok/s = t0 + bytes_cpu/BW_cpu + bytes_gpu/BW_gpu, non-negative coefficients; AICc
+  counts the terms the trials determine (2 when every trial reads the same total bytes).
+- performance: the search's model (autoinfer.model.performance) fitted without its priors,
+  1/tok/s = t0 + a·cpu_gb + b·cpu_gb/threads + c·gpu_gb + d·cpu_layers (whole layers left on the CPU); AICc counts
+  only the terms the trials determine (the rank of the design).
 - threads: 1/tok/s = a + b/threads + c·threads per placement (parallel work, plus a per-thread cost that makes
   more threads slower past √(b/c)).
 """
@@ -18,6 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 from scipy import optimize
+
+from autoinfer.model import performance
 
 BOOTSTRAP = 200
 FOLDS = 5
@@ -36,13 +42,14 @@ class Fit:
     rss_log: float  # Σ (log y − log ŷ)²
     aicc: float
     holdout_mape: float  # percent, k-fold
+    holdout_se: float  # its standard error over the held-out trials, percent
     extra: dict[str, object] = field(default_factory=dict)
     boot: tuple[dict[str, float], ...] = field(default=(), repr=False)  # refits on resampled trials (for bands)
 
     def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "params": self.params, "ci": {k: list(v) for k, v in self.ci.items()},
                 "n": self.n, "k": self.k, "rss_log": self.rss_log, "aicc": self.aicc,
-                "holdout_mape_pct": self.holdout_mape, **self.extra}
+                "holdout_mape_pct": self.holdout_mape, "holdout_se_pct": self.holdout_se, **self.extra}
 
 
 def aicc(rss: float, n: int, k: int) -> float:
@@ -159,18 +166,18 @@ def _evaluate(name: str, fit: Callable[[np.ndarray, np.ndarray], dict[str, float
         values = values[np.isfinite(values)]
         ci[key] = (float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))) if values.size else (
             math.nan, math.nan)
-    return Fit(name, params, ci, n, k, rss, aicc(rss, n, k), holdout_mape(fit, predict, x, y, seed=seed),
+    return Fit(name, params, ci, n, k, rss, aicc(rss, n, k), *holdout_error(fit, predict, x, y, seed=seed),
                extra or {}, tuple(boots))
 
 
-def holdout_mape(fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
-                 predict: Callable[[dict[str, float], np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
-                 folds: int = FOLDS, seed: int = 0) -> float:
-    """Mean absolute percentage error on held-out trials, k-fold (k = min(folds, n))."""
+def holdout_error(fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
+                  predict: Callable[[dict[str, float], np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
+                  folds: int = FOLDS, seed: int = 0) -> tuple[float, float]:
+    """Mean absolute percentage error on held-out trials, k-fold (k = min(folds, n)), and its standard error."""
     n = len(y)
     folds = min(folds, n)
     if folds < 2:
-        return math.nan
+        return math.nan, math.nan
     order = np.random.default_rng(seed).permutation(n)
     errors = []
     for part in np.array_split(order, folds):
@@ -178,9 +185,9 @@ def holdout_mape(fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
         try:
             params = fit(x[train], y[train])
         except (ValueError, np.linalg.LinAlgError):
-            return math.nan
+            return math.nan, math.nan
         errors.extend(np.abs(predict(params, x[part]) - y[part]) / y[part])
-    return float(100 * np.mean(errors))
+    return float(100 * np.mean(errors)), float(100 * np.std(errors, ddof=1) / math.sqrt(len(errors)))
 
 
 def _clean(y: Sequence[float], *cols: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -225,7 +232,7 @@ def fit_bandwidth(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float]
     if rank < 2:
         raise ValueError("every trial reads the same bytes per token on each side (no placement varies): "
                          "nothing for the bandwidth model to explain")
-    fit = _evaluate("bandwidth", _bandwidth_fit, bandwidth_predict, x, y, 3, seed, {"identifiable": rank == 3})
+    fit = _evaluate("bandwidth", _bandwidth_fit, bandwidth_predict, x, y, rank, seed, {"identifiable": rank == 3})
     # Moving one GB from GPU to CPU costs 1/BW_cpu − 1/BW_gpu seconds per token: determined even when t0 and
     # BW_gpu are not, and the bandwidth the CPU side effectively adds.
     marginal = np.array([_marginal(b) for b in fit.boot])
@@ -234,6 +241,32 @@ def fit_bandwidth(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float]
                       "cpu_marginal_GBps_ci": [float(np.percentile(marginal, 2.5)),
                                                float(np.percentile(marginal, 97.5))] if marginal.size else None})
     return fit
+
+
+def fit_performance(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float], cpu_layers: Sequence[float],
+                    threads: Sequence[float], tok_s: Sequence[float], seed: int = 0) -> Fit:
+    """The search's performance model on the trials; `terms_determined` is how many of its terms they pin down."""
+    x, y = _clean(tok_s, active_cpu_gb, active_gpu_gb, cpu_layers, threads)
+    rows = _performance_rows(x)
+    norms = np.linalg.norm(rows, axis=0)
+    rank = int(np.linalg.matrix_rank(rows[:, norms > 0] / norms[norms > 0], tol=1e-6))
+    if len(y) < rank + 2:
+        raise ValueError(f"the performance model needs at least {rank + 2} trials with byte accounting")
+    return _evaluate("performance", _performance_fit, performance_predict, x, y, rank, seed,
+                     {"terms_determined": rank})
+
+
+def _performance_rows(x: np.ndarray) -> np.ndarray:
+    return np.array([performance.Features(cpu, gpu, 0.0, int(layers), threads, 1.0).tg_row()
+                     for cpu, gpu, layers, threads in np.atleast_2d(x)])
+
+
+def _performance_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    return dict(zip(performance.TG_TERMS, (float(c) for c in performance.fit(_performance_rows(x), y))))
+
+
+def performance_predict(params: dict[str, float], x: np.ndarray) -> np.ndarray:
+    return performance.predict(np.array([params[t] for t in performance.TG_TERMS]), _performance_rows(x))
 
 
 def _marginal(params: dict[str, float]) -> float:
@@ -266,8 +299,14 @@ def band(fit: Fit, predict: Callable[[dict[str, float], np.ndarray], np.ndarray]
 
 
 def winner(fits: Sequence[Fit]) -> dict[str, str | None]:
-    """The family that wins by AICc and by hold-out error (None when nothing was fitted)."""
+    """The family that wins by AICc and by hold-out error (None when nothing was fitted). By hold-out error the
+    one-standard-error rule decides: the model with the fewest determined terms whose error is within one standard
+    error of the lowest, so a model that nests another does not win on noise."""
     finite = [f for f in fits if math.isfinite(f.aicc)]
     holdout = [f for f in fits if math.isfinite(f.holdout_mape)]
-    return {"by_aicc": min(finite, key=lambda f: f.aicc).name if finite else None,
-            "by_holdout": min(holdout, key=lambda f: f.holdout_mape).name if holdout else None}
+    by_holdout = None
+    if holdout:
+        best = min(holdout, key=lambda f: f.holdout_mape)
+        close = [f for f in holdout if f.holdout_mape <= best.holdout_mape + best.holdout_se]
+        by_holdout = min(close, key=lambda f: (f.k, f.holdout_mape)).name
+    return {"by_aicc": min(finite, key=lambda f: f.aicc).name if finite else None, "by_holdout": by_holdout}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from autoinfer.engines.base import Outcome
+from autoinfer.engines.replay import PER_GPU_COLUMN, RESULT_COLUMNS
 from autoinfer.errors import UserError
 
 # The seed study's hardware (PROVENANCE.txt; configs/rtx3070_8gb.json; qjl_*.json "gpu_name").
@@ -386,12 +387,12 @@ def read_seed_jsonl(path: Path, records: list[tuple[int, Any]]) -> ImportResult:
 
 # ---------------------------------------------------------------- generic CSV
 
-_MEASURE_COLUMNS = {"tg", "pp", "vram_mib", "rss_mib", "status", "outcome", "reason"}
+_MEASURE_COLUMNS = {*RESULT_COLUMNS, "status"}
 
 
 def _samples(cell: str) -> tuple[float, ...] | None:
-    """'12.5' or '12.5;12.7;12.1' → samples; None if any part is not a non-negative number."""
-    parts = [p for p in re.split(r"[;|]", cell.strip()) if p.strip()]
+    """'12.5', '12.5;12.7;12.1' or '12.5 12.7' → samples; None if any part is not a non-negative number."""
+    parts = [p for p in re.split(r"[;|\s]", cell.strip()) if p.strip()]
     values = [_num(p) for p in parts]
     if any(v is None or v < 0 for v in values):
         return None
@@ -399,7 +400,8 @@ def _samples(cell: str) -> tuple[float, ...] | None:
 
 
 def read_generic_csv(path: Path, text: str) -> ImportResult:
-    """Parameter columns (TrialConfig names or anything else) plus tg/pp/vram columns; samples may be ';'-joined."""
+    """Parameter columns (TrialConfig names or anything else) plus result columns (the replay table's: tg/pp and
+    their samples, memory peaks, wall time, outcome), which never become parameters; samples may be ';'-joined."""
     try:
         return _read_generic_csv(path, text)
     except csv.Error as exc:
@@ -426,8 +428,9 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
             junk.append(JunkRow(str(path), number, f"{len(cells)} fields, the header has {len(names)}", text_row))
             continue
         mapping = dict(zip(names, cells))
-        tg = _samples(mapping.get("tg", ""))
-        pp = _samples(mapping.get("pp", ""))
+        # the repetitions when the table has them (a replay table's tg_samples), else the one value per row
+        tg = _samples(mapping.get("tg_samples") or mapping.get("tg", ""))
+        pp = _samples(mapping.get("pp_samples") or mapping.get("pp", ""))
         if tg is None or pp is None:
             junk.append(JunkRow(str(path), number, "tg/pp is not a number (or ';'-joined numbers)", text_row))
             continue
@@ -440,7 +443,8 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
         if outcome is Outcome.OK and not (tg or pp):
             junk.append(JunkRow(str(path), number, "outcome ok without a tg or pp value", text_row))
             continue
-        params = {k: _param_value(v) for k, v in mapping.items() if k not in _MEASURE_COLUMNS}
+        params = {k: _param_value(v) for k, v in mapping.items()
+                  if k not in _MEASURE_COLUMNS and not PER_GPU_COLUMN.fullmatch(k)}
         if "override_tensors" in params:
             params["override_tensors"] = [p for p in str(params["override_tensors"]).split(";") if p]
         vram, rss = _num(mapping.get("vram_mib")), _num(mapping.get("rss_mib"))

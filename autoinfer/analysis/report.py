@@ -26,6 +26,7 @@ from autoinfer.campaign.drift import flagged_trials
 from autoinfer.search.pareto import points, tg_pp_front
 from autoinfer.campaign.recommend import Recommendation, recommend
 from autoinfer.measure.stats import compare
+from autoinfer.model.performance import DEFAULT_THREADS
 
 PLACEMENT = ("model", "n_gpu_layers", "n_cpu_moe", "override_tensors")
 
@@ -97,11 +98,15 @@ def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     rows = ok.dropna(subset=features) if have else ok.iloc[0:0]
     if rows.empty:
         reason = _why_no_byte_accounting(frame, ok)
-        skipped = {"power_law": reason, "bandwidth": reason}
+        skipped = {"power_law": reason, "bandwidth": reason, "performance": reason}
     else:
+        threads = rows["threads"].fillna(DEFAULT_THREADS) if "threads" in rows else np.full(len(rows), DEFAULT_THREADS)
         for name, call in (("power_law", lambda: F.fit_power_law(rows["cpu_gb"], rows["tg_median"], seed)),
                            ("bandwidth", lambda: F.fit_bandwidth(rows["active_cpu_gb"], rows["active_gpu_gb"],
-                                                                 rows["tg_median"], seed))):
+                                                                 rows["tg_median"], seed)),
+                           ("performance", lambda: F.fit_performance(rows["active_cpu_gb"], rows["active_gpu_gb"],
+                                                                     rows["cpu_layers"], threads, rows["tg_median"],
+                                                                     seed))):
             try:
                 fits[name] = call()
             except ValueError as exc:
@@ -184,12 +189,13 @@ def winner_sentence(fitset: FitSet) -> str:
         (name, fit), = fits.items()
         return f"Only the {name} model could be fitted ({fit.n} trials, hold-out error {fit.holdout_mape:.1f}%)."
     by_aicc, by_hold = win["by_aicc"], win["by_holdout"]
-    other = next(n for n in fits if n != by_aicc)
+    other = min((n for n in fits if n != by_aicc), key=lambda n: fits[n].aicc)  # the runner-up
     delta = fits[other].aicc - fits[by_aicc].aicc
-    hold = ", ".join(f"{n} {f.holdout_mape:.1f}%" for n, f in fits.items())
+    hold = ", ".join(f"{n} {f.holdout_mape:.1f} ± {f.holdout_se:.1f}%" for n, f in fits.items())
     agree = "and" if by_aicc == by_hold else f"but the {by_hold} model wins"
     return (f"The {by_aicc} model explains the speeds best by AICc (lower by {delta:.1f} than {other}) {agree} "
-            f"by k-fold hold-out error ({hold}), on {fits[by_aicc].n} trials.")
+            f"by k-fold hold-out error ({hold}; within one standard error the model with fewer terms wins), "
+            f"on {fits[by_aicc].n} trials.")
 
 
 def write_fits_json(fitset: FitSet, study: str, ceilings: dict[str, float | None], path: Path) -> None:

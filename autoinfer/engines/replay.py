@@ -23,7 +23,9 @@ import pandas as pd
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
 from autoinfer.errors import UserError
 
-RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "outcome", "wall_s")
+#: Columns of a table that are measurements, never parameters (also for `autoinfer import`).
+RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "tg_sd", "pp_sd", "outcome", "reason",
+                  "wall_s")
 
 
 def shape_path(table: Path) -> Path:

@@ -59,3 +59,27 @@ def threads_csv(tmp_path_factory) -> Path:
             speed = 1 / (0.01 + 0.2 / t + 0.002 * t) * float(np.exp(rng.normal(0, 0.02)))
             rows.append({"model": "m.gguf", "n_gpu_layers": 99, "threads": t, "tg": f"{speed:.4f}"})
     return _write(tmp_path_factory.mktemp("csv") / "threads.csv", rows)
+
+
+@pytest.fixture(scope="session")
+def expert_table(tiny_model, tmp_path_factory) -> Path:
+    """A table in the project's own format (benchmarks/make_table.py): `placement` and `cpu_expert_layers` columns,
+    the model's path, result columns beside tg/pp (samples, spread, wall time, RAM peak). Speeds follow the
+    bandwidth model over the experts each row keeps on the CPU."""
+    from autoinfer.model.gguf_info import read_info
+    from autoinfer.model.placement import cpu_expert_layers, expert_override
+
+    info = read_info(tiny_model)
+    rng = np.random.default_rng(11)
+    rows = []
+    for pattern in ("first", "last"):
+        for count in range(info.n_layers + 1):
+            pb = placement_bytes(info, 99, 0, expert_override(cpu_expert_layers(pattern, count, info.n_layers)))
+            speed = 1 / (T0_S + pb.active_cpu_gb / BW_CPU + pb.active_gpu_gb / BW_GPU)
+            samples = speed * np.exp(rng.normal(0, 0.02, 3))
+            rows.append({"model": str(tiny_model), "n_gpu_layers": 99, "placement": pattern,
+                         "cpu_expert_layers": count, "threads": 8, "tg": f"{np.median(samples):.4f}",
+                         "tg_samples": " ".join(f"{s:.4f}" for s in samples), "tg_sd": f"{np.std(samples):.4f}",
+                         "vram_mib": f"{pb.gpu_bytes / MIB + 100:.1f}", "rss_mib": "512.0",
+                         "wall_s": f"{rng.uniform(5, 9):.2f}", "outcome": "ok"})
+    return _write(tmp_path_factory.mktemp("csv") / "experts.csv", rows)

@@ -121,3 +121,23 @@ def test_report_for_a_real_sweep_on_the_tiny_model(llama_tools, tmp_path):
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits["fits"]) | set(fits["skipped"]) == {"power_law", "bandwidth"}
     assert (out / "report.html").exists() and (out / "history.png").exists()
+
+
+def test_a_table_in_the_project_format_is_accounted_by_its_placement(expert_table, tmp_path):
+    imported = read_file(expert_table)
+    assert not imported.junk
+    for row in imported.rows:  # result columns are measurements, never parameters
+        assert not {"wall_s", "tg_sd", "tg_samples", "rss_mib", "vram_mib"} & set(row.params), row.params
+        assert len(row.tg_samples) == 3 and row.rss_peak_mib == 512.0
+    study = _study("experts", expert_table)
+    analysis = analyze(study, tmp_path)
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    assert "wall_s" not in analysis.importance
+    # the experts each row keeps on the CPU are in its byte accounting: more layers' experts, more GB in RAM
+    first = trials[trials["placement"] == "first"].sort_values("cpu_expert_layers")
+    assert first["cpu_gb"].is_monotonic_increasing and first["cpu_gb"].nunique() == len(first)
+    assert first["cpu_gb"].iloc[0] < 0.5 * first["cpu_gb"].iloc[-1]
+    fits = json.loads((tmp_path / "fits.json").read_text())
+    assert fits["winner"]["by_aicc"] in ("bandwidth", "performance")
+    for name in ("bandwidth", "performance"):
+        assert fits["fits"][name]["holdout_mape_pct"] < 5, fits["fits"][name]
