@@ -33,8 +33,10 @@ _replay(app)
 from autoinfer.refengine.cli import register as _refengine  # noqa: E402  engine bench
 
 _refengine(app)
-from autoinfer.model.cli import register as _model  # noqa: E402  model synth, model info
+from autoinfer.model.cli import model_app, register as _model  # noqa: E402  model synth, model info
+from autoinfer.llama.quantize_cli import register as _quantize  # noqa: E402  model quantize, model quality
 
+_quantize(model_app)  # they run llama.cpp's tools on model files: the llama package owns them
 _model(app)
 
 from autoinfer.campaign.worker_cli import register as _worker  # noqa: E402  worker

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoinfer.campaign.hardware import measured_gpus
-from autoinfer.campaign.models import resolve_model
+from autoinfer.model.resolve import resolve_model
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.replay import shape_path

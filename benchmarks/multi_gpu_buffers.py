@@ -17,10 +17,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from autoinfer.campaign.hardware import measured_gpus
-from autoinfer.campaign.models import resolve_model
+from autoinfer.model.resolve import resolve_model
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args
-from autoinfer.llama.binaries import find_tools
+from autoinfer.llama.build import find_tools
 from autoinfer.measure.process import run_isolated
 from autoinfer.model.placement import realize, shape_from_gguf
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     n_layers = shape_from_gguf(model).n_layers
     tools = find_tools()
     gpus = measured_gpus()
-    print(f"| configuration | outcome | measured peak per GPU (MiB) | llama.cpp buffers per device (MiB) |")
+    print("| configuration | outcome | measured peak per GPU (MiB) | llama.cpp buffers per device (MiB) |")
     print("|---|---|---|---|")
     for text in args.config:
         knobs = dict(item.split("=", 1) for item in text.split(","))

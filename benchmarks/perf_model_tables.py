@@ -21,7 +21,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from autoinfer.analysis import fits as F

@@ -23,7 +23,7 @@ from pathlib import Path
 
 def llama_bench(model: Path, n_prompt: int, n_gen: int, reps: int, llama_bin: Path | None, cuda: bool) -> dict:
     from autoinfer.engines.llama_bench import parse_records
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
 
     tools = find_tools(llama_bin, cuda=cuda or None)
     argv = [str(tools.tool("llama-bench")), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen),

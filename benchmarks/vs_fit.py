@@ -37,7 +37,7 @@ from autoinfer.campaign.hardware import measured_gpus, visible_gpus
 from autoinfer.search.informed import parse_fit_params
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
-from autoinfer.llama.binaries import find_tools
+from autoinfer.llama.build import find_tools
 from autoinfer.measure.gpu import memory_used_mib
 from autoinfer.measure.process import run_isolated
 from autoinfer.measure.stats import compare

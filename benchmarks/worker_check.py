@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware
+from autoinfer.store import trials as store
 
 
 def main() -> int:

@@ -14,7 +14,9 @@ import statistics
 
 import optuna
 
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware
+from autoinfer.store import trials as store
+from autoinfer.campaign.spec import stored_campaign
 
 
 def main() -> None:
@@ -45,7 +47,7 @@ def main() -> None:
               f"{t.user_attrs.get('host_lock_wait_s', 0):.1f} |")
     windows.sort()
     overlaps = sum(1 for a, b in zip(windows, windows[1:]) if b[0] < a[1])
-    print(f"\nfinished trials: {len(trials)} of budget {store.stored_campaign(study).budget.trials}; "
+    print(f"\nfinished trials: {len(trials)} of budget {stored_campaign(study).budget.trials}; "
           f"workers: {len({t.user_attrs[hardware.TRIAL_HOST_ATTR]['pid'] for t in trials})}")
     print(f"trials measured on another GPU than their worker's: {mismatched or 'none'}")
     print(f"overlapping measurements: {overlaps}")

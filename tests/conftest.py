@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def llama_tools():
     """The CPU llama.cpp build; the first test session on a machine builds it (about 6 minutes on 2 cores)."""
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
 
     return find_tools(build_if_missing=True)
 

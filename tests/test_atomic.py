@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autoinfer import atomic
-from autoinfer.model import quantize
+from autoinfer.llama import quantize
 
 WRITER = """
 import sys

@@ -32,7 +32,7 @@ def analyze(
     from autoinfer.analysis.report import analyze as run_analysis
     from autoinfer.analysis.report import winner_sentence
     from autoinfer.campaign.diagnosis import diagnose
-    from autoinfer.campaign.store import load_study
+    from autoinfer.store.trials import load_study
     from autoinfer.paths import results_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -65,7 +65,7 @@ def import_files(
 
     from autoinfer.analysis.dataset import add_to_study
     from autoinfer.analysis.importers import read_files
-    from autoinfer.campaign.store import storage_for
+    from autoinfer.store.trials import storage_for
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = read_files(files)

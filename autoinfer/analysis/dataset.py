@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from autoinfer.analysis.importers import ImportedRow, ImportResult
 from autoinfer.model.placement import PLACEMENT_KEYS, first_gpu_layer, realize
 from autoinfer.model.placement_bytes import placement_bytes
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize

@@ -21,7 +21,8 @@ from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
-from autoinfer.campaign import deploy, store
+from autoinfer.campaign import deploy
+from autoinfer.campaign.spec import stored_campaign
 from autoinfer.campaign.drift import flagged_trials
 from autoinfer.search.pareto import points, tg_pp_front
 from autoinfer.campaign.recommend import Recommendation, recommend
@@ -232,7 +233,7 @@ def gpu_datasheet_bandwidth() -> dict[str, float | str] | None:
 
 
 def _budget(study: optuna.Study, frame: pd.DataFrame) -> tuple[float | None, str]:
-    campaign = store.stored_campaign(study)
+    campaign = stored_campaign(study)
     if campaign is not None and campaign.constraints.vram_mib:
         return float(campaign.constraints.vram_mib), "campaign budget"
     if "env_gpu_memory_mib" in frame.columns and frame["env_gpu_memory_mib"].notna().any():
@@ -400,7 +401,7 @@ def _classes_section(classes: ClassComparison | None) -> list[str]:
 def _workload_section(study: optuna.Study, rec: Recommendation | None) -> list[str]:
     """The generation-vs-prompt front within the memory budget, the recommendation marked: a prompt-heavy workload
     weighs pp more and may pick another point of it."""
-    campaign = store.stored_campaign(study)
+    campaign = stored_campaign(study)
     budget = campaign.constraints.vram_mib if campaign else None
     flagged = flagged_trials(study)
     pts = tg_pp_front([p for p in points(study) if p.trial.number not in flagged], budget)

@@ -64,7 +64,7 @@ def sweep(
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
     """Trials done/failed/infeasible/remaining, the best so far with its spread, elapsed and estimated time left."""
     from autoinfer.campaign.report import print_status
-    from autoinfer.campaign.store import load_study
+    from autoinfer.store.trials import load_study
 
     print_status(Console(), load_study(study, storage))
 
@@ -82,7 +82,8 @@ def export(
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
     from autoinfer.campaign.diagnosis import diagnose
     from autoinfer.campaign.recommend import as_best, recommend
-    from autoinfer.campaign.store import load_study, stored_campaign
+    from autoinfer.store.trials import load_study
+    from autoinfer.campaign.spec import stored_campaign
     from autoinfer.export.formats import FORMATS, render
 
     if format not in FORMATS:

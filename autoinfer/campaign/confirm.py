@@ -22,7 +22,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig

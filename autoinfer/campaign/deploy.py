@@ -18,7 +18,7 @@ from typing import Callable
 
 import optuna
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
 from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure

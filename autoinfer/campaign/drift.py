@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import optuna
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
+from autoinfer.campaign.spec import stored_campaign
 from autoinfer.campaign.spec import Campaign, InjectLoad
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.paths import results_dir
@@ -290,7 +291,7 @@ def busy_verdict(study: optuna.Study) -> str | None:
     drifted = sum(1 for a in later if a["drifted"])
     if not (measured and len(flagged) * 2 > len(measured)) and not (len(later) >= 2 and drifted * 2 > len(later)):
         return None
-    campaign = store.stored_campaign(study)
+    campaign = stored_campaign(study)
     policy = campaign.idle.policy if campaign else "warn"
     ratios = [a["ratio"] for a in later if a["ratio"] is not None]
     moved = f"the drift anchor ran at {min(ratios):.2f}–{max(ratios):.2f}× its reference; " if ratios else ""

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import optuna
 
-from autoinfer.campaign import store
-from autoinfer.campaign.store import write_run_files
+from autoinfer.store import trials as store
+from autoinfer.store.trials import write_run_files
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirm
 from autoinfer.campaign.drift import DriftAnchor, LoadInjector
 from autoinfer.campaign.hardware import measured_gpus

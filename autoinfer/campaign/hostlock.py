@@ -10,12 +10,13 @@ each GPU's trials are known not to touch the CPU. The replay engine measures not
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Callable
+
+from filelock import FileLock, Timeout
 
 LOCK_ENV = "AUTOINFER_HOST_LOCK"
 DEFAULT_LOCK = Path("/tmp/autoinfer-host.lock")
@@ -35,36 +36,31 @@ class HostLock:
         self.note = note
         self.waited_s = 0.0
         self.acquired_at: float | None = None  # time.time() when the last take succeeded
-        self._fh = None
+        self._lock: FileLock | None = None
 
     def __enter__(self) -> "HostLock":
         self.waited_s = 0.0
         if not self.enabled:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
-        try:
-            os.chmod(self.path, 0o666)  # workers of other users on the same host share it
-        except PermissionError:
-            pass
+        lock = FileLock(self.path, mode=0o666)  # workers of other users on the same host share it
         started = time.monotonic()
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            lock.acquire(timeout=0)
+        except Timeout:
             if self.note is not None:
                 self.note(f"another trial is measuring on this host ({self.path}); waiting for it")
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            lock.acquire()
         self.waited_s = time.monotonic() - started
         self.acquired_at = time.time()
-        self._fh = fh
+        self._lock = lock
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._fh is not None:
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def for_campaign(engine: str, allow_concurrent: bool, note: Callable[[str], None] | None = None) -> HostLock:

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.campaign.recommend import Recommendation
 from autoinfer.campaign.spec import Campaign
 

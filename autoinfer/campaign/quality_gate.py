@@ -14,7 +14,7 @@ import optuna
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
-from autoinfer.model.quality import DEFAULT_CORPUS, Quality, QualitySettings, load_quality, measure_quality
+from autoinfer.llama.quality import DEFAULT_CORPUS, Quality, QualitySettings, load_quality, measure_quality
 
 
 def _path(campaign: Campaign, value: str) -> Path:

@@ -24,7 +24,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
+from autoinfer.campaign.spec import stored_campaign
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, lighter_alternative
 from autoinfer.campaign.drift import DRIFT_ATTR, busy_verdict, flagged_trials
 from autoinfer.measure.stats import bootstrap_ci
@@ -208,7 +209,7 @@ def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, s
 
 def recommend(study: optuna.Study) -> Recommendation | None:
     """The study's recommended configuration (None while no feasible successful trial exists)."""
-    campaign = store.stored_campaign(study)
+    campaign = stored_campaign(study)
     weights = campaign.objective_weights() if campaign else {"tg": 1.0}
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     runs = runs_of(trials, weights, flagged_trials(study), study.user_attrs.get(DRIFT_ATTR))

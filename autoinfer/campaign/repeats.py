@@ -27,7 +27,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 
 REPEAT_ATTR = "repeat_of"
 DELIBERATE = ("remeasure_of", "retry_of")  # tags of re-measurements made on purpose

@@ -93,7 +93,7 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
 
     from autoinfer.campaign.runner import sweep
     from autoinfer.campaign.spec import parse_campaign
-    from autoinfer.campaign.store import MEMORY_STORAGE
+    from autoinfer.store.trials import MEMORY_STORAGE
     from autoinfer.engines.replay import parameter_columns, read_table
 
     bad = [s for s in strategies if s not in STRATEGIES]
@@ -142,7 +142,7 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
 def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
     """(measured trials until one reached the goal, records made without a measurement: predicted infeasible,
     answered repeats) for one simulated study."""
-    from autoinfer.campaign.store import UNMEASURED_ATTR
+    from autoinfer.store.trials import UNMEASURED_ATTR
 
     measured = 0
     skipped = 0

@@ -9,7 +9,9 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autoinfer.campaign import deploy, store
+from autoinfer.campaign import deploy
+from autoinfer.store import trials as store
+from autoinfer.campaign.spec import stored_campaign
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, finalists, summary
 from autoinfer.campaign.diagnosis import diagnose
 from autoinfer.campaign.drift import status_line
@@ -39,7 +41,7 @@ def measured(t: optuna.trial.FrozenTrial, confirmation: dict | None, kind: str) 
 
 
 def print_status(console: Console, study: optuna.Study) -> None:
-    campaign = store.stored_campaign(study)
+    campaign = stored_campaign(study)
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if store.is_finished(t)]
     outcomes = Counter(store.outcome_of(t) for t in trials)

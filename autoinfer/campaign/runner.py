@@ -6,8 +6,6 @@ was running when a previous process died is failed and its configuration queued 
 
 from __future__ import annotations
 
-import fcntl
-import os
 import random
 import warnings
 from contextlib import contextmanager
@@ -18,13 +16,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import optuna
+from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autoinfer.campaign import hardware, hostlock, quality_gate, repeats, store, worker
+from autoinfer.campaign import hardware, hostlock, quality_gate, repeats, worker
+from autoinfer.store import trials as store
+from autoinfer.campaign.spec import stored_campaign
 from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.guard import TrialGuard, run_engine
-from autoinfer.campaign.models import resolve_models
+from autoinfer.model.resolve import resolve_models
 from autoinfer.campaign.progress import SweepProgress
 from autoinfer.campaign.recommend import as_best, recommend
 from autoinfer.campaign.space import distributions, suggest, to_config
@@ -32,6 +33,7 @@ from autoinfer.campaign.spec import Campaign, check_space
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
+from autoinfer.store import optuna_adapter as adapter
 from autoinfer.store.redact import redact_url
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
@@ -69,17 +71,18 @@ def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
         return
     lock_path = Path(url[len("sqlite:///"):]).with_suffix(f".{study_name}.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(
-                f"another autoinfer process is running study {study_name!r} on {redact_url(url)}; SQLite allows one worker "
-                "per study — wait for it, or use a PostgreSQL storage for several workers (README: workers)"
-            ) from None
-        fh.write(str(os.getpid()))
-        fh.flush()
+    lock = FileLock(lock_path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise UserError(
+            f"another autoinfer process is running study {study_name!r} on {redact_url(url)}; SQLite allows one worker "
+            "per study — wait for it, or use a PostgreSQL storage for several workers (README: workers)"
+        ) from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
@@ -89,7 +92,7 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
         study_name=name, storage=storage, directions=pareto.directions(campaign), sampler=make_sampler(campaign),
         load_if_exists=True
     )
-    previous = store.stored_campaign(study)
+    previous = stored_campaign(study)
     if previous is not None:
         for key in _IDENTITY_KEYS:
             if getattr(previous, key) != getattr(campaign, key):
@@ -99,31 +102,6 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
                 )
     study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
     return study
-
-
-def reclaim_stale(study: optuna.Study, stale: list[optuna.trial.FrozenTrial] | None = None) -> int:
-    """Fail the trials a dead process left RUNNING (all of them, or `stale`: those whose heartbeat stopped on a
-    shared storage) and queue their configurations again."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if stale is None else stale
-    storage = study._storage
-    requeued = 0
-    for t in stale:
-        chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
-        repeat = t.user_attrs.get(repeats.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
-        reason = ("re-queued" if chosen and repeat is None else f"a repeat of trial {repeat}; nothing to re-run"
-                  if chosen else "before its configuration was chosen; nothing to re-run")
-        chosen = chosen and repeat is None
-        try:
-            storage.set_trial_user_attr(t._trial_id, store.STALE_ATTR, True)
-            storage.set_trial_user_attr(t._trial_id, "outcome", "crash")
-            storage.set_trial_user_attr(t._trial_id, "reason", f"the sweep process died while this trial ran; {reason}")
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:  # its worker finished it after all
-            continue
-        if chosen:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
-            requeued += 1
-    return requeued
 
 
 def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Measurement) -> None:
@@ -166,7 +144,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -
     try:
         study.tell(trial, *args, **kwargs)
     except ValueError:
-        if study._storage.get_trial(trial._trial_id).state.is_finished():
+        if adapter.stored_trial(study, trial).state.is_finished():
             raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} was finished elsewhere") from None
         raise
 
@@ -240,7 +218,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim
             study = open_study(campaign, name, url)
             machine = hardware.bind(study)
-            requeued = reclaim_stale(study, worker.stale_trials(study))
+            requeued = worker.reclaim_stale(study, worker.stale_trials(study))
             if decisions:
                 study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
         aid = SearchAid.create(campaign, engine, models)
@@ -319,7 +297,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
                     record(study, trial, campaign, m)
                 except optuna.exceptions.UpdateFinishedTrialError:
-                    if not study._storage.get_trial(trial._trial_id).user_attrs.get(store.STALE_ATTR):
+                    if not adapter.stored_trial(study, trial).user_attrs.get(store.STALE_ATTR):
                         raise  # finished by this process itself: a bug to show, not a stall to forgive
                     view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
                               "within the grace period) and re-queued: this measurement is dropped")

@@ -11,14 +11,16 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Literal, Union
 
+import optuna
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.campaign.yaml_loader import load_yaml
 from autoinfer.errors import UserError
 from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
+from autoinfer.model.resolve import SYNTH_PREFIX
+from autoinfer.store import trials
 
-SYNTH_PREFIX = "synth:"  # "synth:tiny" or "synth:tiny/Q4_0": a synthetic model made (and cached) on first use
 
 
 class _Strict(BaseModel):
@@ -73,7 +75,7 @@ class Constraints(_Strict):
 
 
 class Quality(_Strict):
-    """How the quality of each model file is measured (autoinfer.model.quality), when the campaign uses it."""
+    """How the quality of each model file is measured (autoinfer.llama.quality), when the campaign uses it."""
 
     reference: str | None = None  # file KLD is measured against; default: the highest-precision model file
     corpus: str | None = None  # UTF-8 text; default: the corpus shipped with autoinfer
@@ -420,3 +422,16 @@ def load_campaign(path: Path) -> Campaign:
     models = [m if m.startswith(SYNTH_PREFIX) or Path(m).is_absolute() else str((path.parent / m).resolve())
               for m in campaign.model]
     return campaign.model_copy(update={"model": models})
+
+
+def stored_campaign(study: optuna.Study) -> Campaign | None:
+    """The campaign the study was made with; UserError when the stored copy cannot be read."""
+    text = study.user_attrs.get(trials.CAMPAIGN_ATTR)
+    if not text:
+        return None
+    try:
+        return Campaign.from_json(text)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise UserError(f"study {study.study_name!r}: its stored campaign cannot be read "
+                        f"({str(exc).splitlines()[0]}); start a new study with `autoinfer sweep FILE --study NEW_NAME`") \
+            from None

@@ -29,36 +29,21 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import optuna
-from optuna.storages._heartbeat import BaseHeartbeatThread, get_heartbeat_thread, is_heartbeat_enabled
+from optuna.storages._heartbeat import BaseHeartbeatThread
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware, repeats
+from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Workers
 from autoinfer.errors import UserError
 from autoinfer.measure.host import Fingerprint
 from autoinfer.paths import STORAGE_ENV
+from autoinfer.store import optuna_adapter as adapter
 from autoinfer.store.redact import redact, redact_url
+from autoinfer.store.urls import check_url, driver_url, is_shared
 
 _LOCK_SPACE = 0x61757469  # first key of every advisory lock autoinfer takes ("auti")
 _SCHEMA_LOCK = 0  # second key while creating Optuna's tables
-
-
-def is_shared(url: str) -> bool:
-    """A storage several workers may use at once."""
-    return url.split(":", 1)[0].split("+", 1)[0] == "postgresql"
-
-
-def driver_url(url: str) -> str:
-    """postgresql://… with the driver autoinfer installs (psycopg2; SQLAlchemy 2.1 defaults to psycopg 3)."""
-    return "postgresql+psycopg2:" + url.split(":", 1)[1] if url.split(":", 1)[0] == "postgresql" else url
-
-
-def check_url(url: str) -> None:
-    """SQLite (one worker per study), PostgreSQL (many) or the in-process memory storage; nothing else."""
-    scheme = url.split(":", 1)[0].split("+", 1)[0]
-    if url != store.MEMORY_STORAGE and scheme not in ("sqlite", "postgresql"):
-        raise UserError(f"storage {redact_url(url)!r}: autoinfer coordinates workers on PostgreSQL; use postgresql://USER@HOST/DB "
-                        "for several workers or sqlite:///FILE for one")
 
 
 def _engine(url: str) -> Any:
@@ -117,11 +102,6 @@ def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
         engine.dispose()
 
 
-def _backend(study: optuna.Study) -> optuna.storages.RDBStorage:
-    storage = study._storage
-    return getattr(storage, "_backend", storage)
-
-
 @contextmanager
 def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Iterator[None]:
     """Run a block alone among the workers of a study (no-op where only one worker can exist)."""
@@ -137,7 +117,7 @@ def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Ite
         finally:
             engine.dispose()
         return
-    backend = _backend(study_or_url)
+    backend = adapter.backend(study_or_url)
     if not isinstance(backend, optuna.storages.RDBStorage) or not is_shared(backend.url):
         yield
         return
@@ -147,11 +127,30 @@ def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Ite
 
 def stale_trials(study: optuna.Study) -> list[FrozenTrial] | None:
     """Running trials whose heartbeat stopped (shared storage); None: one worker per study, all RUNNING are stale."""
-    backend = _backend(study)
-    if not isinstance(backend, optuna.storages.RDBStorage) or backend.get_heartbeat_interval() is None:
+    if adapter.heartbeat_interval(study) is None:
         return None
-    ids = set(backend._get_stale_trial_ids(study._study_id))
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t._trial_id in ids]
+    ids = adapter.stale_trial_ids(study)
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if adapter.trial_id(t) in ids]
+
+
+def reclaim_stale(study: optuna.Study, stale: list[FrozenTrial] | None = None) -> int:
+    """Fail the trials a dead process left RUNNING (all of them, or `stale`: those whose heartbeat stopped on a
+    shared storage) and queue their configurations again."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if stale is None else stale
+    requeued = 0
+    for t in stale:
+        chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
+        repeat = t.user_attrs.get(repeats.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
+        reason = ("re-queued" if chosen and repeat is None else f"a repeat of trial {repeat}; nothing to re-run"
+                  if chosen else "before its configuration was chosen; nothing to re-run")
+        chosen = chosen and repeat is None
+        failed = adapter.fail_with(study, t, {
+            store.STALE_ATTR: True, "outcome": "crash",
+            "reason": f"the sweep process died while this trial ran; {reason}"})
+        if failed and chosen:  # not failed: its worker finished it after all
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            requeued += 1
+    return requeued
 
 
 def counted(trial: FrozenTrial) -> bool:
@@ -199,20 +198,15 @@ class SharedBudget:
                     with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
                         trial = self.study.ask(dists)
-                    if is_heartbeat_enabled(self.study._storage):  # beating before another worker can look
-                        self.study._storage.record_heartbeat(trial._trial_id)
-                    self._beat = get_heartbeat_thread(trial._trial_id, self.study._storage)
-                    self._beat.start()
+                    self._beat = adapter.start_heartbeat(self.study, trial)
                     trial.set_user_attr(hardware.TRIAL_HOST_ATTR, hardware.trial_host(self.machine))
                     return trial
             if not running:
                 return None
-            time.sleep(_backend(self.study).get_heartbeat_interval() or 1)
+            time.sleep(adapter.heartbeat_interval(self.study) or 1)
 
     def _reclaimed_trials(self) -> list[FrozenTrial]:
         """The study's trials after failing and re-queueing those of dead workers."""
-        from autoinfer.campaign.runner import reclaim_stale
-
         stale = stale_trials(self.study)
         requeued = reclaim_stale(self.study, stale) if stale else 0
         if requeued:

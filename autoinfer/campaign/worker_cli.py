@@ -29,12 +29,13 @@ def worker(
 ) -> None:
     """Run trials of a study until its budget is spent; start as many workers as machines (or GPUs) you have."""
     from autoinfer.campaign import worker as shared
+    from autoinfer.store.urls import check_url, is_shared
 
     os.environ.pop(STORAGE_ENV, None)  # read once; trial processes started from here do not inherit it
-    shared.check_url(storage)
+    check_url(storage)
     if gpus is not None:
         items = shared.parse_gpus(gpus)
-        if len(items) > 1 and not shared.is_shared(storage):
+        if len(items) > 1 and not is_shared(storage):
             raise UserError(f"--gpus {gpus} starts {len(items)} workers, but {redact_url(storage)} allows one worker per study; "
                             "use a PostgreSQL storage (README: Several machines)")
         args = [str(campaign_file)] if campaign_file else []
@@ -53,7 +54,8 @@ def _recommend(study: str, storage: str) -> None:
     from rich.console import Console
 
     from autoinfer.campaign.report import print_recommendation
-    from autoinfer.campaign.store import load_study, stored_campaign
+    from autoinfer.store.trials import load_study
+    from autoinfer.campaign.spec import stored_campaign
 
     loaded = load_study(study, storage)
     print_recommendation(Console(), loaded, stored_campaign(loaded))
@@ -65,7 +67,8 @@ def _join(campaign_file: Path | None, study: str, storage: str, quiet: bool) -> 
     from autoinfer.campaign.report import print_recommendation
     from autoinfer.campaign.runner import sweep
     from autoinfer.campaign.spec import load_campaign
-    from autoinfer.campaign.store import load_study, stored_campaign
+    from autoinfer.store.trials import load_study
+    from autoinfer.campaign.spec import stored_campaign
 
     if campaign_file is not None:
         campaign = load_campaign(campaign_file)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from autoinfer.campaign.store import Best, samples_of
+from autoinfer.store.trials import Best, samples_of
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.errors import UserError

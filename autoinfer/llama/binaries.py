@@ -9,13 +9,11 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from autoinfer.errors import UserError
-from autoinfer.measure.gpu import list_gpus
 
 ENV_VAR = "AUTOINFER_LLAMA_BIN"
 TOOL_NAMES = ("llama-bench", "llama-server", "llama-cli", "llama-perplexity", "llama-quantize", "llama-fit-params",
@@ -117,30 +115,3 @@ def _has_cuda(binary: Path, lib_dir: Path | None) -> bool:
                 return True
             tail = chunk[-32:]
     return False
-
-
-def find_tools(llama_bin: Path | None = None, *, cuda: bool | None = None, build_if_missing: bool = False) -> Tools:
-    """The llama.cpp build to use. cuda=None prefers a CUDA build when an NVIDIA GPU is visible, else CPU."""
-    from autoinfer.llama import build as builds
-
-    if llama_bin is not None:
-        return user_tools(llama_bin)
-    if os.environ.get(ENV_VAR):
-        return user_tools(Path(os.environ[ENV_VAR]))
-    want_cuda = bool(list_gpus()) if cuda is None else cuda
-    cached = [b for b in builds.cached_builds() if b.cuda == want_cuda or (cuda is None and not b.cuda)]
-    if cached:
-        cached.sort(key=lambda b: (b.cuda == want_cuda, b.from_pinned_sdist, b.built_at), reverse=True)
-        return cached[0].tools()
-    on_path = shutil.which("llama-bench")
-    if on_path:
-        tools = user_tools(Path(on_path).parent)
-        if cuda is None or tools.cuda == cuda:
-            return tools
-    if build_if_missing:
-        return builds.build(cuda=want_cuda)
-    kind = "CUDA" if want_cuda else "CPU"
-    raise UserError(
-        f"no {kind} llama.cpp build found; run `autoinfer build{' --cuda' if want_cuda else ''}`, "
-        f"or pass --llama-bin DIR / set {ENV_VAR}"
-    )

@@ -6,7 +6,6 @@ the command-line tools can share one libllama (shared libraries, LLAMA_CPP_LIB_P
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -17,17 +16,17 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from filelock import FileLock
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoinfer.errors import UserError
 from autoinfer.llama import smoke
-from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, Tools, find_tools
+from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, Tools, user_tools
+from autoinfer.measure.gpu import list_gpus
 from autoinfer.paths import cache_dir
 
 SDIST_NAME = "llama-cpp-python"
@@ -107,16 +106,35 @@ def cached_builds() -> list[CachedBuild]:
     return found
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def find_tools(llama_bin: Path | None = None, *, cuda: bool | None = None, build_if_missing: bool = False) -> Tools:
+    """The llama.cpp build to use. cuda=None prefers a CUDA build when an NVIDIA GPU is visible, else CPU."""
+    if llama_bin is not None:
+        return user_tools(llama_bin)
+    if os.environ.get(ENV_VAR):
+        return user_tools(Path(os.environ[ENV_VAR]))
+    want_cuda = bool(list_gpus()) if cuda is None else cuda
+    cached = [b for b in cached_builds() if b.cuda == want_cuda or (cuda is None and not b.cuda)]
+    if cached:
+        cached.sort(key=lambda b: (b.cuda == want_cuda, b.from_pinned_sdist, b.built_at), reverse=True)
+        return cached[0].tools()
+    on_path = shutil.which("llama-bench")
+    if on_path:
+        tools = user_tools(Path(on_path).parent)
+        if cuda is None or tools.cuda == cuda:
+            return tools
+    if build_if_missing:
+        return build(cuda=want_cuda)
+    kind = "CUDA" if want_cuda else "CPU"
+    raise UserError(
+        f"no {kind} llama.cpp build found; run `autoinfer build{' --cuda' if want_cuda else ''}`, "
+        f"or pass --llama-bin DIR / set {ENV_VAR}"
+    )
+
+
+def build_lock(path: Path) -> FileLock:
     """An exclusive file lock: two processes (pytest-xdist workers, two terminals) never build the same thing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(path)
 
 
 def pinned_source() -> Path:
@@ -125,7 +143,7 @@ def pinned_source() -> Path:
     tree = src_root / SDIST_DIR / "vendor" / "llama.cpp"
     if (tree / "CMakeLists.txt").is_file():
         return tree
-    with _locked(src_root / ".fetch.lock"):
+    with build_lock(src_root / ".fetch.lock"):
         if (tree / "CMakeLists.txt").is_file():
             return tree
         archive = _download_sdist(src_root)
@@ -321,7 +339,7 @@ def build(source: Path | None = None, *, cuda: bool = False, cuda_arch: str | No
     key = build_key(commit, content, flags, variant)
     final = builds_dir() / key
     console = console or Console(stderr=True)
-    with _locked(builds_dir() / f".{key}.lock"):
+    with build_lock(builds_dir() / f".{key}.lock"):
         if not (final / MANIFEST).is_file():
             _build_into(final, source, commit, tuple(flags), cuda, cuda_arch, pinned, console,
                         {"cpu_features_off": list(cpu_features_off), "fallback_reason": fallback_reason})

@@ -85,7 +85,7 @@ def _builds_table() -> Table:
 
 
 def _selected(llama_bin: Path | None) -> str:
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
 
     try:
         tools = find_tools(llama_bin)
@@ -98,7 +98,7 @@ def _smoke_lines(llama_bin: Path | None) -> list[str]:
     """The selected build's smoke run (llama.smoke) and the decision it led to; it runs on first use or
     `autoinfer build`, never here."""
     from autoinfer.llama import smoke
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
 
     try:
         tools = find_tools(llama_bin)

@@ -16,9 +16,6 @@ model_app = typer.Typer(help="Synthetic qwen35moe models and their byte accounti
 
 
 def register(app: typer.Typer) -> None:
-    from autoinfer.model.quantize_cli import register as quantize_commands  # model quantize, model quality
-
-    quantize_commands(model_app)
     app.add_typer(model_app, name="model")
 
 

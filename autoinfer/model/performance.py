@@ -28,7 +28,7 @@ from scipy import optimize
 
 from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.model.placement import ModelShape, first_gpu_layer, realize
-from autoinfer.engines.base import TrialConfig
+from autoinfer.trial_config import TrialConfig
 
 GB = 1e9
 DEFAULT_THREADS = 8  # llama.cpp uses the physical cores; a configuration that does not say gets this in the features

@@ -28,7 +28,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
-from autoinfer.engines.base import TrialConfig
+from autoinfer.trial_config import TrialConfig
 from autoinfer.errors import UserError
 
 MIB = 1024 * 1024

@@ -8,7 +8,6 @@ computed first; the 35B shapes can be checked from it without writing anything.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import zlib
@@ -18,6 +17,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
 
 from autoinfer.errors import UserError
@@ -308,8 +308,7 @@ def cached_model(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "qw
     path = folder / f"synth-v{FORMAT_VERSION}-{preset}-{qtype}-{tokenizer}-s{seed}.gguf"
     if path.exists():
         return path
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(path.with_suffix(".lock")):
         if not path.exists():
             synth(path, preset, qtype, seed=seed, tokenizer=tokenizer)
     return path

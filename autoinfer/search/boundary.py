@@ -31,7 +31,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.search.informed import REASON_ATTR, SAMPLED, SearchAid, _typical
 from autoinfer.campaign.space import to_config
 from autoinfer.campaign.spec import Campaign

@@ -24,7 +24,8 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware
+from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
 from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
@@ -368,7 +369,7 @@ def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: 
     if engine.name not in ("llama-bench", "llama-server"):
         notes.append(f"no llama-fit-params baseline for engine {engine.name!r}")
         return None
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
     from autoinfer.measure.gpu import memory_used_mib
     from autoinfer.measure.process import run_isolated
 

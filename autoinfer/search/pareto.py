@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from autoinfer.analysis.classes import classes_frame, compare_classes
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware
+from autoinfer.store import trials as store
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import load_campaign
 

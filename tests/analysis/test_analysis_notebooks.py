@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 from autoinfer.analysis.dataset import add_to_study
 from autoinfer.analysis.importers import peer_data_dir, read_file
-from autoinfer.campaign.store import storage_for
+from autoinfer.store.trials import storage_for
 from autoinfer.errors import UserError
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

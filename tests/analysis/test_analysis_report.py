@@ -119,7 +119,7 @@ def test_report_for_a_real_sweep_on_the_tiny_model(llama_tools, tmp_path):
     assert f"**{rec.speed:.2f} tok/s**" in md.split("## What explains the speed")[0]
     assert (trials["cpu_gb"] > 0).all()  # a CPU build keeps every weight in RAM, whatever -ngl asked
     fits = json.loads((out / "fits.json").read_text())
-    assert set(fits["fits"]) | set(fits["skipped"]) == {"power_law", "bandwidth"}
+    assert set(fits["fits"]) | set(fits["skipped"]) == {"power_law", "bandwidth", "performance"}
     assert (out / "report.html").exists() and (out / "history.png").exists()
 
 

@@ -13,7 +13,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
-from autoinfer.campaign import runner, store
+from autoinfer.campaign import runner
+from autoinfer.store import trials as store
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, decide, finalists, precise_enough, ratio_line
 from autoinfer.campaign.recommend import recommend
 from autoinfer.campaign.spec import parse_campaign

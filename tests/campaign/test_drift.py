@@ -8,7 +8,8 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from autoinfer.campaign import runner, store
+from autoinfer.campaign import runner
+from autoinfer.store import trials as store
 from autoinfer.campaign.drift import DRIFT_ATTR, DriftAnchor, flagged_trials
 from autoinfer.campaign.recommend import recommend
 from autoinfer.campaign.spec import parse_campaign

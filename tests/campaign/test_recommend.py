@@ -17,7 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from autoinfer.analysis.report import analyze
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.campaign.confirm import CONFIRMED_ATTR, decide
 from autoinfer.campaign.drift import (
     DRIFT_ATTR,

@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 from optuna.trial import TrialState
 
-from autoinfer.campaign import runner, store
+from autoinfer.campaign import runner
+from autoinfer.store import trials as store
 from autoinfer.campaign.repeats import DELIBERATE, REPEAT_ATTR
 from autoinfer.campaign.spec import load_campaign
 

@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import create_trial
 
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.campaign.store import Best
+from autoinfer.store.trials import Best
 from autoinfer.engines.base import Decision, TrialConfig, create, impose
 from autoinfer.engines.llama_bench import LlamaBenchEngine
 from autoinfer.engines.llama_common import bench_args, server_args

@@ -14,7 +14,7 @@ from optuna.trial import create_trial
 from typer.testing import CliRunner
 
 from autoinfer.campaign.recommend import as_best, recommend
-from autoinfer.campaign.store import Best, load_study
+from autoinfer.store.trials import Best, load_study
 from autoinfer.cli import app
 from autoinfer.engines.base import TrialConfig, create
 from autoinfer.engines.llama_cpp_python import llama_kwargs

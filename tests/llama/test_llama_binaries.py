@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autoinfer.errors import UserError
-from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, find_tools, parse_help_flags, user_tools
+from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, parse_help_flags, user_tools
+from autoinfer.llama.build import find_tools
 from autoinfer.llama.build import MANIFEST, cached_builds
 
 FIXTURES = Path(__file__).parent / "fixtures"

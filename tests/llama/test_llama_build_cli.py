@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autoinfer.errors import UserError
-from autoinfer.llama.binaries import find_tools
+from autoinfer.llama.build import find_tools
 from autoinfer.llama.build import build, cached_builds, source_identity
 from autoinfer.measure.gpu import list_gpus
 

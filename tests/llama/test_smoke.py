@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.campaign.store import DECISIONS_ATTR
+from autoinfer.store.trials import DECISIONS_ATTR
 from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.llama import smoke

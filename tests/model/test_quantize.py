@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
-from autoinfer.model.quality import (
+from autoinfer.llama.quality import (
     DEFAULT_CORPUS,
     QualitySettings,
     load_quality,
@@ -22,7 +22,7 @@ from autoinfer.model.quality import (
     parse_reference_ppl,
     reference_of,
 )
-from autoinfer.model.quantize import (
+from autoinfer.llama.quantize import (
     build_ladder,
     file_sha256,
     parse_types,

@@ -13,7 +13,7 @@ from autoinfer.campaign.replay_cli import OFFLINE, _space
 from autoinfer.campaign.report import print_status
 from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.campaign.store import MEMORY_STORAGE
+from autoinfer.store.trials import MEMORY_STORAGE
 from autoinfer.engines.replay import parameter_columns, read_table
 from autoinfer.search.informed import REASON_ATTR
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autoinfer.campaign import store
+from autoinfer.store import trials as store
 from autoinfer.search.informed import LABEL_ATTR, parse_fit_params
 from autoinfer.campaign.replay_cli import OFFLINE, compare
 from autoinfer.campaign.runner import sweep

@@ -132,7 +132,7 @@ def test_memory_model_predicts_each_gpu_of_the_h200_pair():
 def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
     """Replaying the H200 pair's table: the first trial is predicted (and measured) within 6 GiB on each GPU, and
     the splits that leave one GPU over it are recorded as predicted_infeasible, not run."""
-    from autoinfer.campaign import store
+    from autoinfer.store import trials as store
     from autoinfer.search.informed import REASON_ATTR
     from autoinfer.campaign.replay_cli import OFFLINE
     from autoinfer.campaign.runner import sweep

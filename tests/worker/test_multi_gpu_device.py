@@ -25,7 +25,7 @@ CPU_LAYERS = 24  # the last 24 layers' experts in RAM: the second GPU's layers l
 
 @pytest.fixture(scope="module")
 def bench():
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.llama.build import find_tools
 
     if not find_tools().cuda:
         pytest.skip("needs a CUDA llama.cpp build (AUTOINFER_LLAMA_BIN or `autoinfer build --cuda`)")

@@ -20,7 +20,8 @@ import yaml
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import hardware, store
+from autoinfer.campaign import hardware
+from autoinfer.store import trials as store
 from autoinfer.campaign.runner import sqlite_single_worker, sweep
 from autoinfer.campaign.spec import load_campaign
 from autoinfer.errors import UserError

@@ -16,17 +16,15 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import ValidationError
 
-from autoinfer.campaign.spec import Campaign
 from autoinfer import atomic
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.store.redact import redact, redact_url
+from autoinfer.store.urls import MEMORY_STORAGE, driver_url
 from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
-MEMORY_STORAGE = "memory"  # a study that lives only in this process (offline replays of search strategies)
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
 #: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
@@ -41,8 +39,6 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage:
     if url == MEMORY_STORAGE:
         return optuna.storages.InMemoryStorage()
     try:
-        from autoinfer.campaign.worker import driver_url
-
         return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
         raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}") from None
@@ -61,19 +57,6 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     elif name not in names:
         raise UserError(f"no study {name!r} in {redact_url(storage or default_storage())}; studies there: {', '.join(names)}")
     return optuna.load_study(study_name=name, storage=store)
-
-
-def stored_campaign(study: optuna.Study) -> Campaign | None:
-    """The campaign the study was made with; UserError when the stored copy cannot be read."""
-    text = study.user_attrs.get(CAMPAIGN_ATTR)
-    if not text:
-        return None
-    try:
-        return Campaign.from_json(text)
-    except (ValidationError, ValueError, TypeError) as exc:
-        raise UserError(f"study {study.study_name!r}: its stored campaign cannot be read "
-                        f"({str(exc).splitlines()[0]}); start a new study with `autoinfer sweep FILE --study NEW_NAME`") \
-            from None
 
 
 def outcome_of(trial: FrozenTrial) -> str:

@@ -3,7 +3,7 @@
 Each rung is cached under cache_dir()/models/ladder/<source hash>/ (or a folder the user names), written to a
 temporary name and renamed when complete, so an interrupted run never leaves a half file that looks finished.
 The campaign sweeps the ladder through its `model:` list; `autoinfer model quality` measures what each rung
-costs in fidelity (see autoinfer.model.quality). The very-low-bit types need an importance matrix: `imatrix="auto"`
+costs in fidelity (see autoinfer.llama.quality). The very-low-bit types need an importance matrix: `imatrix="auto"`
 makes one with llama-imatrix on the shipped corpus, cached under cache_dir()/imatrix/.
 """
 
@@ -21,10 +21,14 @@ from typing import Callable, Literal
 
 from autoinfer import atomic
 from autoinfer.errors import UserError
-from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.binaries import Tools
+from autoinfer.llama.build import find_tools
 from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
 from autoinfer.paths import cache_dir
+
+#: The shipped text corpus: calibration for importance matrices and the quality check's perplexity/KLD.
+DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 
 DEFAULT_TYPES = ("Q8_0", "Q6_K", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ2_M", "IQ2_XXS")
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
@@ -114,8 +118,6 @@ def auto_imatrix(source: Path, *, tools: Tools, threads: int | None = None) -> P
     """An importance matrix of `source` from the real llama-imatrix on the shipped corpus, cached by (model hash,
     corpus hash): a ladder re-run, or another ladder of the same file, reuses it instead of another calibration
     pass over the whole model."""
-    from autoinfer.model.quality import DEFAULT_CORPUS  # quality imports this module
-
     source = Path(source).resolve()
     if read_info(source).metadata.get("tokenizer.ggml.model", "none") == "none":  # llama-imatrix would abort
         raise UserError(f"{source.name} has no tokenizer, so llama-imatrix cannot read the corpus; pass --imatrix "

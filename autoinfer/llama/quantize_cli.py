@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autoinfer.model.quantize import DEFAULT_TYPES
+from autoinfer.llama.quantize import DEFAULT_TYPES
 
 LlamaBinOpt = typer.Option(None, "--llama-bin", help="Folder with llama-quantize/llama-perplexity (default: found).")
 CorpusOpt = typer.Option(None, "--corpus", help="UTF-8 text for KLD/perplexity (default: the shipped corpus).")
@@ -26,14 +26,14 @@ def register(model_app: typer.Typer) -> None:
 
 def _settings(corpus: Optional[Path], ctx: int, chunks: Optional[int], threads: Optional[int],
               n_gpu_layers: Optional[int]):
-    from autoinfer.model.quality import DEFAULT_CORPUS, QualitySettings
+    from autoinfer.llama.quality import DEFAULT_CORPUS, QualitySettings
 
     return QualitySettings(corpus=corpus or DEFAULT_CORPUS, ctx=ctx, chunks=chunks, threads=threads,
                            n_gpu_layers=n_gpu_layers)
 
 
 def _quality_table(console: Console, files: list[Path], settings, reference: Optional[Path], tools) -> None:
-    from autoinfer.model.quality import measure_quality
+    from autoinfer.llama.quality import measure_quality
 
     table = Table(title=f"quality on {settings.corpus.name} (ctx {settings.ctx})")
     for column in ("file", "MiB", "KLD (nats)", "PPL", "same top token", ""):
@@ -70,8 +70,8 @@ def quantize_command(
 ) -> None:
     """Build a quantization ladder with llama-quantize (cached), then measure each file's KLD and perplexity
     against the source; prints the `model:` list to paste into a campaign."""
-    from autoinfer.llama.binaries import find_tools
-    from autoinfer.model.quantize import IMATRIX_AUTO, build_ladder
+    from autoinfer.llama.build import find_tools
+    from autoinfer.llama.quantize import IMATRIX_AUTO, build_ladder
 
     console = Console()
     tools = find_tools(llama_bin)
@@ -108,8 +108,8 @@ def quality_command(
     llama_bin: Optional[Path] = LlamaBinOpt,
 ) -> None:
     """KL divergence and perplexity of each file against the reference (stored beside the file's hash)."""
-    from autoinfer.campaign.models import resolve_model
-    from autoinfer.llama.binaries import find_tools
+    from autoinfer.model.resolve import resolve_model
+    from autoinfer.llama.build import find_tools
 
     paths = [Path(resolve_model(str(f))) for f in files]
     _quality_table(Console(), paths, _settings(corpus, ctx, chunks, threads, n_gpu_layers), reference,

@@ -1,14 +1,14 @@
-"""Campaign model entries → GGUF files on disk, checked before anything is stored."""
+"""Model entries of a campaign or a command line → GGUF files on disk, checked before anything is stored."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from autoinfer.campaign.spec import SYNTH_PREFIX
 from autoinfer.errors import UserError
 from autoinfer.model.gguf_header import GGUFFormatError, read_header
 
 GGUF_MAGIC = b"GGUF"
+SYNTH_PREFIX = "synth:"  # "synth:tiny" or "synth:tiny/Q4_0": a synthetic model made (and cached) on first use
 
 
 def resolve_model(entry: str) -> str:

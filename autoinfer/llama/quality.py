@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 from autoinfer.errors import UserError
-from autoinfer.llama.binaries import Tools, find_tools
+from autoinfer.llama.binaries import Tools
+from autoinfer.llama.build import find_tools
 from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
-from autoinfer.model.quantize import file_sha256
+from autoinfer.llama.quantize import DEFAULT_CORPUS, file_sha256
 from autoinfer.paths import cache_dir
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
 _PM = r"\s*(?:±|\+/-)\s*"
 _FINAL_PPL = re.compile(rf"Final estimate: PPL = {_NUM}{_PM}{_NUM}")
