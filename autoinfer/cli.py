@@ -17,7 +17,7 @@ app = typer.Typer(
 )
 
 # Each line adds one area's commands (its module owns them).
-from autoinfer.campaign.cli import register as _campaign  # noqa: E402  sweep, status, export
+from autoinfer.sweep.cli import register as _campaign  # noqa: E402  sweep, status, export
 
 _campaign(app)
 from autoinfer.analysis.cli import register as _analysis  # noqa: E402  analyze, import
@@ -27,19 +27,20 @@ _analysis(app)
 from autoinfer.llama.cli import register as _llama  # noqa: E402  build, doctor
 
 _llama(app)
-from autoinfer.campaign.replay_cli import register as _replay  # noqa: E402  replay
+from autoinfer.sweep.replay_cli import register as _replay  # noqa: E402  replay
 
 _replay(app)
 from autoinfer.refengine.cli import register as _refengine  # noqa: E402  engine bench
 
 _refengine(app)
-from autoinfer.model.cli import model_app, register as _model  # noqa: E402  model synth, model info
 from autoinfer.llama.quantize_cli import register as _quantize  # noqa: E402  model quantize, model quality
+from autoinfer.model.cli import model_app  # noqa: E402  model synth, model info
+from autoinfer.model.cli import register as _model  # noqa: E402
 
 _quantize(model_app)  # they run llama.cpp's tools on model files: the llama package owns them
 _model(app)
 
-from autoinfer.campaign.worker_cli import register as _worker  # noqa: E402  worker
+from autoinfer.sweep.worker_cli import register as _worker  # noqa: E402  worker
 
 _worker(app)
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoinfer.campaign.hardware import measured_gpus
-from autoinfer.model.resolve import resolve_model
+from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.replay import shape_path
 from autoinfer.model.placement import realize, shape_from_gguf
+from autoinfer.model.resolve import resolve_model
 
 
 def parse_values(text: str) -> list:

@@ -16,13 +16,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from autoinfer.campaign.hardware import measured_gpus
-from autoinfer.model.resolve import resolve_model
+from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args
 from autoinfer.llama.build import find_tools
 from autoinfer.measure.process import run_isolated
 from autoinfer.model.placement import realize, shape_from_gguf
+from autoinfer.model.resolve import resolve_model
 
 BUFFER = re.compile(r"(CUDA\d+|CPU\w*) (model|KV|compute|RS) buffer size =\s*([\d.]+) MiB")
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import optuna
 
-from autoinfer.campaign.guard import TrialGuard
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import RunContext, TrialConfig, create
 from autoinfer.engines.llama_bench import measurement_from_json
+from autoinfer.sweep.guard import TrialGuard
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -150,11 +150,14 @@ def report(raw: list[dict], args: argparse.Namespace) -> None:
         tpj = [r["tokens_per_joule"] for r in harness if r["tokens_per_joule"]]
         ok &= overhead is not None and overhead <= 1.15
         ok &= all(x is None or abs(x - 1) <= 0.03 for x in (tg, pp))
-        fmt = lambda x: "—" if x is None else f"{x:.3f}"
         print(" | ".join([str(c["ngl"]), str(c["ncmoe"]), str(c["threads"]), f"{plain_wall:.2f}",
                           f"{harness_wall:.2f}", f"{idle_s:.2f}", fmt(overhead), fmt(overhead_run), fmt(tg),
                           fmt(pp), f"{share:.2f}", fmt(statistics.median(tpj)) if tpj else "—"]))
     print(f"\ntargets (overhead <= 1.15, agreement within ±3 %): {'met' if ok else 'MISSED'}")
+
+
+def fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-
-from autoinfer.campaign.replay_cli import compare, print_results
-from autoinfer.engines.replay import read_table
 from synthetic_tables import synthetic_table
+
+from autoinfer.engines.replay import read_table
+from autoinfer.sweep.replay_cli import compare, print_results
 
 TABLES = Path(__file__).resolve().parent / "tables"
 STRATEGIES = ("boundary", "informed", "random")

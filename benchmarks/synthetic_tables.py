@@ -17,8 +17,8 @@ import pandas as pd
 
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import shape_path
-from autoinfer.model.placement import MemoryModel, ModelShape, TensorBytes
 from autoinfer.model.performance import PerformanceModel
+from autoinfer.model.placement import MemoryModel, ModelShape, TensorBytes
 
 
 def random_shape(rng: np.random.Generator) -> ModelShape:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from autoinfer.campaign import hardware
+from autoinfer.coordination import hardware
 from autoinfer.store import trials as store
 
 

@@ -14,9 +14,9 @@ import statistics
 
 import optuna
 
-from autoinfer.campaign import hardware
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import stored_campaign
+from autoinfer.coordination import hardware
+from autoinfer.store import trials as store
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Hardware classes side by side: a study never mixes classes (autoinfer.campaign.hardware), so a lab that ran one
+"""Hardware classes side by side: a study never mixes classes (autoinfer.coordination.hardware), so a lab that ran one
 campaign on two kinds of machine has one study per class, and this reads them together.
 
 Each class gets its own best configuration (what to run on that machine), and every configuration measured on
@@ -17,7 +17,7 @@ import optuna
 import pandas as pd
 
 from autoinfer.analysis.dataset import CONFIG_COLUMNS, config_table, load_frame
-from autoinfer.campaign.hardware import CLASS_ATTR, describe
+from autoinfer.coordination.hardware import CLASS_ATTR, describe
 from autoinfer.measure.stats import compare
 
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from autoinfer.campaign.cli import StorageOpt, StudyOpt
+from autoinfer.sweep.cli import StorageOpt, StudyOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +31,9 @@ def analyze(
 
     from autoinfer.analysis.report import analyze as run_analysis
     from autoinfer.analysis.report import winner_sentence
-    from autoinfer.campaign.diagnosis import diagnose
-    from autoinfer.store.trials import load_study
     from autoinfer.paths import results_dir
+    from autoinfer.store.trials import load_study
+    from autoinfer.sweep.diagnosis import diagnose
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_study(study, storage)

@@ -23,12 +23,12 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autoinfer.analysis.importers import ImportedRow, ImportResult
-from autoinfer.model.placement import PLACEMENT_KEYS, first_gpu_layer, realize
-from autoinfer.model.placement_bytes import placement_bytes
-from autoinfer.store import trials as store
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
+from autoinfer.model.placement import PLACEMENT_KEYS, first_gpu_layer, realize
+from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.store import trials as store
 
 IMPORTED_ATTR = "imported_files"
 IMPORT_JUNK_ATTR = "import_junk"  # [{file, line, reason}] of every line an import skipped

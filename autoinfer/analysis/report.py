@@ -21,13 +21,13 @@ from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
 from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
-from autoinfer.campaign import deploy
 from autoinfer.campaign.spec import stored_campaign
-from autoinfer.campaign.drift import flagged_trials
-from autoinfer.search.pareto import points, tg_pp_front
-from autoinfer.campaign.recommend import Recommendation, recommend
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import DEFAULT_THREADS
+from autoinfer.search.pareto import points, tg_pp_front
+from autoinfer.sweep import deploy
+from autoinfer.sweep.drift import flagged_trials
+from autoinfer.sweep.recommend import Recommendation, recommend
 
 PLACEMENT = ("model", "n_gpu_layers", "n_cpu_moe", "override_tensors")
 

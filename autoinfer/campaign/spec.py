@@ -14,13 +14,12 @@ from typing import Any, Callable, Literal, Union
 import optuna
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.campaign.yaml_loader import load_yaml
+from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
 from autoinfer.model.resolve import SYNTH_PREFIX
 from autoinfer.store import trials
-
 
 
 class _Strict(BaseModel):
@@ -118,7 +117,7 @@ class Search(_Strict):
 
 
 class Confirm(_Strict):
-    """Final re-measurement of the top configurations, interleaved, in fresh processes (autoinfer.campaign.confirm)."""
+    """Final re-measurement of the top configurations, interleaved, in fresh processes (autoinfer.sweep.confirm)."""
 
     enabled: bool = True  # when the trial budget is spent; `autoinfer sweep --confirm` runs it on demand
     top_k: int = Field(3, ge=2)
@@ -141,7 +140,7 @@ class Confirm(_Strict):
 
 
 class Drift(_Strict):
-    """A fixed anchor configuration re-measured during the campaign (autoinfer.campaign.drift)."""
+    """A fixed anchor configuration re-measured during the campaign (autoinfer.sweep.drift)."""
 
     every: int | None = Field(10, ge=1)  # trials between anchor runs; null turns the anchor off
     threshold: float = Field(0.2, gt=0, lt=1)  # relative change beyond the reference runs that counts as drift
@@ -169,7 +168,7 @@ class InjectLoad(_Strict):
 
 
 class Workers(_Strict):
-    """Several workers on one study (autoinfer.campaign.worker): liveness of their trials and host sharing."""
+    """Several workers on one study (autoinfer.coordination.worker): liveness of their trials and host sharing."""
 
     allow_concurrent_on_host: bool = False  # true: workers on one machine measure at the same time (hostlock)
     heartbeat_s: int = Field(10, ge=1)  # a running trial's heartbeat period on a shared (PostgreSQL) storage

@@ -8,7 +8,6 @@ and the reference engine are interchangeable in a sweep.
 from __future__ import annotations
 
 import inspect
-
 import math
 import statistics
 from dataclasses import dataclass, field

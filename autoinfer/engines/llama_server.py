@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import (MULTI_GPU_EXTRAS, LlamaToolsEngine, classify_failure, server_args,
-                                            server_context)
+from autoinfer.engines.llama_common import (
+    MULTI_GPU_EXTRAS,
+    LlamaToolsEngine,
+    classify_failure,
+    server_args,
+    server_context,
+)
 from autoinfer.measure.process import IsolatedProcess
 
 #: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and

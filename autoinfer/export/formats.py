@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from autoinfer.store.trials import Best, samples_of
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.errors import UserError
+from autoinfer.store.trials import Best, samples_of
 
 FORMATS = ("server", "bench", "python", "json", "yaml")
 #: Engines whose configurations are llama.cpp configurations (a replay table is made from llama.cpp runs).

@@ -60,10 +60,9 @@ def doctor(
 
 
 def _builds_table() -> Table:
+    from autoinfer.llama import smoke
     from autoinfer.llama.binaries import TOOL_NAMES
     from autoinfer.llama.build import BASE_FLAGS, builds_dir, cached_builds
-
-    from autoinfer.llama import smoke
 
     table = Table(title=f"llama.cpp builds in {builds_dir()}")
     for column in ("key", "commit", "flags", "tools", "size", "build time", "smoke run"):

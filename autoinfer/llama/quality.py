@@ -22,9 +22,9 @@ from typing import Callable
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import Tools
 from autoinfer.llama.build import find_tools
+from autoinfer.llama.quantize import DEFAULT_CORPUS, file_sha256
 from autoinfer.llama.smoke import repack_off_args
 from autoinfer.model.gguf_info import read_info
-from autoinfer.llama.quantize import DEFAULT_CORPUS, file_sha256
 from autoinfer.paths import cache_dir
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"

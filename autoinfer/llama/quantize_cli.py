@@ -108,8 +108,8 @@ def quality_command(
     llama_bin: Optional[Path] = LlamaBinOpt,
 ) -> None:
     """KL divergence and perplexity of each file against the reference (stored beside the file's hash)."""
-    from autoinfer.model.resolve import resolve_model
     from autoinfer.llama.build import find_tools
+    from autoinfer.model.resolve import resolve_model
 
     paths = [Path(resolve_model(str(f))) for f in files]
     _quality_table(Console(), paths, _settings(corpus, ctx, chunks, threads, n_gpu_layers), reference,

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import optimize
 
-from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.model.placement import ModelShape, first_gpu_layer, realize
+from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.trial_config import TrialConfig
 
 GB = 1e9

@@ -27,9 +27,9 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from autoinfer.errors import UserError
 from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
 from autoinfer.trial_config import TrialConfig
-from autoinfer.errors import UserError
 
 MIB = 1024 * 1024
 PATTERNS = ("first", "last", "even")

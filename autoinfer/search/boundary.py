@@ -31,14 +31,13 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from autoinfer.store import trials as store
-from autoinfer.search.informed import REASON_ATTR, SAMPLED, SearchAid, _typical
 from autoinfer.campaign.space import to_config
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
-from autoinfer.model.placement import cpu_expert_layers, first_gpu_layer
 from autoinfer.model.performance import PerformanceModel
-
+from autoinfer.model.placement import cpu_expert_layers, first_gpu_layer
+from autoinfer.search.informed import REASON_ATTR, SAMPLED, SearchAid, _typical
+from autoinfer.store import trials as store
 
 GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "tensor_split", "expert_split")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the

@@ -24,9 +24,8 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign import hardware
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
+from autoinfer.coordination import hardware
 from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.model.placement import (
@@ -39,6 +38,7 @@ from autoinfer.model.placement import (
     layers_on_cpu,
     realize,
 )
+from autoinfer.store import trials as store
 
 SHOWN_REASONS = 12  # the last trials whose choice `status` explains
 SAMPLED = "sampler:"  # the reason of a trial the strategy left to the campaign's sampler

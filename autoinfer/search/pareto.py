@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError
+from autoinfer.store import trials as store
 
 DIRECTIONS = ("maximize", "maximize", "minimize")  # tg tok/s, pp tok/s, peak MiB
 FRONT_ATTR = "pareto_front"

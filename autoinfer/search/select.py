@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoinfer.search.informed import SearchAid
 from autoinfer.campaign.spec import Campaign
 from autoinfer.search.boundary import Boundary
+from autoinfer.search.informed import SearchAid
 from autoinfer.search.strategy import InformedStart, Strategy
 
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import optuna
 
-from autoinfer.search.informed import SearchAid
 from autoinfer.engines.base import Measurement, TrialConfig
+from autoinfer.search.informed import SearchAid
 
 
 class Strategy(Protocol):

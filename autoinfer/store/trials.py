@@ -20,12 +20,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autoinfer import atomic
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.paths import default_storage
 from autoinfer.store.redact import redact, redact_url
 from autoinfer.store.urls import MEMORY_STORAGE, driver_url
-from autoinfer.paths import default_storage
 
 CAMPAIGN_ATTR = "campaign"
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
+REPEAT_ATTR = "repeat_of"  # answered with an earlier trial's measurement, not run
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
 #: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
 #: trial attribute: those settings.

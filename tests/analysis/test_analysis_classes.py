@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from autoinfer.analysis.classes import classes_frame, compare_classes
-from autoinfer.campaign import hardware
-from autoinfer.store import trials as store
-from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import load_campaign
+from autoinfer.coordination import hardware
+from autoinfer.store import trials as store
+from autoinfer.sweep.runner import sweep
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 

@@ -11,8 +11,8 @@ from nbclient import NotebookClient
 
 from autoinfer.analysis.dataset import add_to_study
 from autoinfer.analysis.importers import peer_data_dir, read_file
-from autoinfer.store.trials import storage_for
 from autoinfer.errors import UserError
+from autoinfer.store.trials import storage_for
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 

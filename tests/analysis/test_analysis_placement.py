@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.errors import UserError
 from autoinfer.model.gguf_info import read_info
+from autoinfer.model.placement_bytes import placement_bytes
 
 
 @pytest.fixture(scope="module")

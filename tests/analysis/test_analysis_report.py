@@ -16,8 +16,8 @@ import pytest
 from autoinfer.analysis.dataset import add_to_study
 from autoinfer.analysis.importers import peer_data_dir, read_file, read_folder
 from autoinfer.analysis.report import analyze
-from autoinfer.campaign.recommend import recommend
 from autoinfer.errors import UserError
+from autoinfer.sweep.recommend import recommend
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 

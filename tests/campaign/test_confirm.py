@@ -13,14 +13,14 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from typer.testing import CliRunner
 
-from autoinfer.campaign import runner
-from autoinfer.store import trials as store
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, decide, finalists, precise_enough, ratio_line
-from autoinfer.campaign.recommend import recommend
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, results_dir
+from autoinfer.store import trials as store
+from autoinfer.sweep import runner
+from autoinfer.sweep.confirm import CONFIRMED_ATTR, decide, finalists, precise_enough, ratio_line
+from autoinfer.sweep.recommend import recommend
 
 # ------------------------------------------------------------------------------------------------ campaign keys
 

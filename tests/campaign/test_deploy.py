@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import optuna
 
-from autoinfer.campaign.deploy import N_PREDICT, DeploymentCheck, record, run_check, stored
 from autoinfer.model.synth import cached_model
+from autoinfer.sweep.deploy import N_PREDICT, DeploymentCheck, record, run_check, stored
 
 
 def _command(llama_tools, model) -> list[str]:

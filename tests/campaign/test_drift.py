@@ -8,15 +8,15 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from autoinfer.campaign import runner
-from autoinfer.store import trials as store
-from autoinfer.campaign.drift import DRIFT_ATTR, DriftAnchor, flagged_trials
-from autoinfer.campaign.recommend import recommend
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.errors import UserError
 from autoinfer.paths import trial_dir
+from autoinfer.store import trials as store
+from autoinfer.sweep import runner
+from autoinfer.sweep.drift import DRIFT_ATTR, DriftAnchor, flagged_trials
+from autoinfer.sweep.recommend import recommend
 
 
 def _campaign(**keys):

@@ -17,22 +17,22 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from autoinfer.analysis.report import analyze
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.cli import app
+from autoinfer.engines.base import Measurement, Outcome
+from autoinfer.paths import default_storage
 from autoinfer.store import trials as store
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, decide
-from autoinfer.campaign.drift import (
+from autoinfer.sweep.confirm import CONFIRMED_ATTR, decide
+from autoinfer.sweep.drift import (
     DRIFT_ATTR,
     DriftAnchor,
     busy_verdict,
     flagged_trials,
 )
-from autoinfer.campaign.progress import SweepProgress
-from autoinfer.campaign.recommend import Run, recommend
-from autoinfer.campaign.recommend import decide as recommend_from
-from autoinfer.campaign.report import print_recommendation
-from autoinfer.campaign.spec import parse_campaign
-from autoinfer.cli import app
-from autoinfer.engines.base import Measurement, Outcome
-from autoinfer.paths import default_storage
+from autoinfer.sweep.progress import SweepProgress
+from autoinfer.sweep.recommend import Run, recommend
+from autoinfer.sweep.recommend import decide as recommend_from
+from autoinfer.sweep.report import print_recommendation
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "campaign.ipynb"
 

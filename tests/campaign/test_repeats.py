@@ -16,10 +16,11 @@ from pathlib import Path
 import yaml
 from optuna.trial import TrialState
 
-from autoinfer.campaign import runner
-from autoinfer.store import trials as store
-from autoinfer.campaign.repeats import DELIBERATE, REPEAT_ATTR
 from autoinfer.campaign.spec import load_campaign
+from autoinfer.store import trials as store
+from autoinfer.store.trials import REPEAT_ATTR
+from autoinfer.sweep import runner
+from autoinfer.sweep.repeats import DELIBERATE
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 

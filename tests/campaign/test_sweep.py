@@ -168,7 +168,7 @@ def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_o
 
 
 def test_a_trial_killed_before_its_configuration_was_chosen_is_failed_and_not_requeued(tmp_path):
-    from autoinfer.campaign.worker import reclaim_stale
+    from autoinfer.coordination.worker import reclaim_stale
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'db.sqlite'}", study_name="s")
     study.ask()  # RUNNING with no params: the process died between ask() and its first suggest

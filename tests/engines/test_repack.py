@@ -9,7 +9,6 @@ import pytest
 from optuna.trial import create_trial
 
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.store.trials import Best
 from autoinfer.engines.base import Decision, TrialConfig, create, impose
 from autoinfer.engines.llama_bench import LlamaBenchEngine
 from autoinfer.engines.llama_common import bench_args, server_args
@@ -18,6 +17,7 @@ from autoinfer.engines.llama_server import LlamaServerEngine
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.model.synth import cached_model
+from autoinfer.store.trials import Best
 
 from .helpers import context, trial
 

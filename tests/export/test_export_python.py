@@ -13,13 +13,13 @@ import pytest
 from optuna.trial import create_trial
 from typer.testing import CliRunner
 
-from autoinfer.campaign.recommend import as_best, recommend
-from autoinfer.store.trials import Best, load_study
 from autoinfer.cli import app
 from autoinfer.engines.base import TrialConfig, create
 from autoinfer.engines.llama_cpp_python import llama_kwargs
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
+from autoinfer.store.trials import Best, load_study
+from autoinfer.sweep.recommend import as_best, recommend
 
 CAMPAIGN = """\
 name: py-export

@@ -11,8 +11,7 @@ import pytest
 
 from autoinfer.errors import UserError
 from autoinfer.llama.binaries import ENV_VAR, TOOL_NAMES, parse_help_flags, user_tools
-from autoinfer.llama.build import find_tools
-from autoinfer.llama.build import MANIFEST, cached_builds
+from autoinfer.llama.build import MANIFEST, cached_builds, find_tools
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

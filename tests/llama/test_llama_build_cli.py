@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from autoinfer.errors import UserError
-from autoinfer.llama.build import find_tools
-from autoinfer.llama.build import build, cached_builds, source_identity
+from autoinfer.llama.build import build, cached_builds, find_tools, source_identity
 from autoinfer.measure.gpu import list_gpus
 
 ENTRY = "import sys; from autoinfer.cli import main; sys.argv[0] = 'autoinfer'; main()"

@@ -20,10 +20,7 @@ from rich.console import Console
 from standin import COMPONENT, make_standin
 from typer.testing import CliRunner
 
-from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.store.trials import DECISIONS_ATTR
 from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.llama import smoke
@@ -38,6 +35,9 @@ from autoinfer.llama.build import (
 )
 from autoinfer.measure.crash import boot_seconds, kernel_component, kernel_log
 from autoinfer.paths import default_storage
+from autoinfer.store.trials import DECISIONS_ATTR
+from autoinfer.sweep.diagnosis import SWEEP_FAILED, diagnose
+from autoinfer.sweep.runner import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 #: /proc/cpuinfo flags of the Xeon VM where the crash was seen (the x86 part that matters here).

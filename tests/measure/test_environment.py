@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from autoinfer.campaign import runner
 from autoinfer.campaign.spec import check_space, parse_campaign
 from autoinfer.engines.base import create
 from autoinfer.errors import UserError
 from autoinfer.measure import idle
 from autoinfer.measure.environment import model_fingerprint
+from autoinfer.sweep import runner
 
 # ------------------------------------------------------------------------------------------------ model hash
 

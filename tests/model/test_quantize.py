@@ -143,7 +143,7 @@ def test_quality_campaign_keys_are_validated():
 
 
 def test_sweep_marks_files_over_max_kld_infeasible(llama_tools, f16_model, ladder, monkeypatch):
-    from autoinfer.campaign.runner import sweep
+    from autoinfer.sweep.runner import sweep
 
     monkeypatch.setenv("AUTOINFER_LLAMA_BIN", str(llama_tools.bin_dir))
     files = [str(r.path) for r in ladder]

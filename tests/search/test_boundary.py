@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from autoinfer.campaign.replay_cli import OFFLINE, _space
-from autoinfer.campaign.report import print_status
-from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.store.trials import MEMORY_STORAGE
 from autoinfer.engines.replay import parameter_columns, read_table
 from autoinfer.search.informed import REASON_ATTR
+from autoinfer.store.trials import MEMORY_STORAGE
+from autoinfer.sweep.replay_cli import OFFLINE, _space
+from autoinfer.sweep.report import print_status
+from autoinfer.sweep.runner import sweep
 
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 

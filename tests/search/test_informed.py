@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from autoinfer.store import trials as store
-from autoinfer.search.informed import LABEL_ATTR, parse_fit_params
-from autoinfer.campaign.replay_cli import OFFLINE, compare
-from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.model.placement import layers_on_cpu
+from autoinfer.search.informed import LABEL_ATTR, parse_fit_params
+from autoinfer.store import trials as store
+from autoinfer.sweep.replay_cli import OFFLINE, compare
+from autoinfer.sweep.runner import sweep
 
 from .planted import planted_table, shape_35b
 
@@ -85,10 +85,10 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     """llama-fit-params' -ts on several GPUs replaces the trial's tensor split and nothing else."""
     import optuna
 
-    from autoinfer.search.informed import FIT_SPLIT_ATTR, SearchAid
     from autoinfer.campaign.space import distributions, suggest, to_config
     from autoinfer.engines import base
     from autoinfer.model.placement import EXPERT_TENSORS
+    from autoinfer.search.informed import FIT_SPLIT_ATTR, SearchAid
 
     campaign = parse_campaign({"name": "x", "model": str(tiny_model), "space": {
         "placement": ["last"], "cpu_expert_layers": [2], "tensor_split": ["1/1"]}})
@@ -110,9 +110,9 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
     on a host budget it keeps llama.cpp's default."""
     import optuna
 
-    from autoinfer.search.informed import SearchAid
     from autoinfer.campaign.space import distributions
     from autoinfer.engines import base
+    from autoinfer.search.informed import SearchAid
 
     spec = _campaign(planted)
     spec["space"]["load_mode"] = ["mmap", "none"]

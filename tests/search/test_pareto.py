@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from autoinfer.search import pareto
-from autoinfer.campaign.replay_cli import OFFLINE
-from autoinfer.campaign.runner import sweep
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
+from autoinfer.search import pareto
+from autoinfer.sweep.replay_cli import OFFLINE
+from autoinfer.sweep.runner import sweep
 
 from .planted import planted_table
 

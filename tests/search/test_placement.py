@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.engines import base
 from autoinfer.engines.base import Outcome, RunContext, TrialConfig
 from autoinfer.model.placement import (
@@ -18,6 +17,7 @@ from autoinfer.model.placement import (
     realize,
     shape_from_gguf,
 )
+from autoinfer.model.placement_bytes import placement_bytes
 
 from .planted import shape_35b
 

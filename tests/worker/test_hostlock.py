@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from autoinfer.campaign import hostlock
 from autoinfer.campaign.spec import parse_campaign
+from autoinfer.coordination import hostlock
 from autoinfer.errors import UserError
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from autoinfer.campaign.hostlock import HostLock
+from autoinfer.coordination.hostlock import HostLock
 with HostLock(sys.argv[2] == "1", Path(sys.argv[1])) as lock:
     print("acquired", time.time(), lock.waited_s, flush=True)
     time.sleep(float(sys.argv[3]))

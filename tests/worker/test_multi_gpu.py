@@ -3,23 +3,28 @@ llama-bench and llama-server as flags and `=CUDAk` tensor overrides."""
 
 from __future__ import annotations
 
-import pytest
-from optuna.distributions import CategoricalDistribution
-
 import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
+from optuna.distributions import CategoricalDistribution
 
-from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
-from autoinfer.campaign import hardware, worker
 from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args_for, server_args
+from autoinfer.coordination import hardware, worker
 from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args_for, server_args
 from autoinfer.errors import UserError
-from autoinfer.model.placement import (EXPERT_TENSORS, MemoryModel, ModelShape, gpu_expert_override, realize,
-                                       shape_from_gguf)
+from autoinfer.model.placement import (
+    EXPERT_TENSORS,
+    MemoryModel,
+    ModelShape,
+    gpu_expert_override,
+    realize,
+    shape_from_gguf,
+)
+from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
 
 H200X2 = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "h200x2-35b-experts.csv"
 
@@ -132,10 +137,10 @@ def test_memory_model_predicts_each_gpu_of_the_h200_pair():
 def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
     """Replaying the H200 pair's table: the first trial is predicted (and measured) within 6 GiB on each GPU, and
     the splits that leave one GPU over it are recorded as predicted_infeasible, not run."""
-    from autoinfer.store import trials as store
     from autoinfer.search.informed import REASON_ATTR
-    from autoinfer.campaign.replay_cli import OFFLINE
-    from autoinfer.campaign.runner import sweep
+    from autoinfer.store import trials as store
+    from autoinfer.sweep.replay_cli import OFFLINE
+    from autoinfer.sweep.runner import sweep
 
     (tmp_path / "m").write_text("replay label\n")  # the environment record fingerprints the model file it names
     c = parse_campaign({"name": "pair", "engine": "replay", "engine_options": {"table": str(H200X2)},

@@ -8,9 +8,9 @@ import time
 
 import psutil
 import pytest
+from test_workers import CLI, replay_campaign
 
 from autoinfer.store.redact import redact, redact_url
-from test_workers import CLI, replay_campaign
 
 SECRET = "s3cretPW"
 

@@ -20,11 +20,11 @@ import yaml
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import hardware
-from autoinfer.store import trials as store
-from autoinfer.campaign.runner import sqlite_single_worker, sweep
 from autoinfer.campaign.spec import load_campaign
+from autoinfer.coordination import hardware
 from autoinfer.errors import UserError
+from autoinfer.store import trials as store
+from autoinfer.sweep.runner import sqlite_single_worker, sweep
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 

@@ -12,7 +12,6 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-
 MAX_GROUPS = 512  # torch 2.11 grouped_mm refuses 1024 groups and more in one call (an expert cache can have thousands of slots)
 
 

@@ -22,12 +22,12 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.store import trials as store
-from autoinfer.campaign.drift import flagged_trials
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.measure.stats import bootstrap_ci, compare, holm
 from autoinfer.paths import results_dir
+from autoinfer.store import trials as store
+from autoinfer.sweep.drift import flagged_trials
 
 CONFIRMED_ATTR = "confirmed"
 

@@ -20,24 +20,24 @@ from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autoinfer.campaign import hardware, hostlock, quality_gate, repeats, worker
-from autoinfer.store import trials as store
-from autoinfer.campaign.spec import stored_campaign
-from autoinfer.campaign.drift import flagged_trials
-from autoinfer.campaign.guard import TrialGuard, run_engine
-from autoinfer.model.resolve import resolve_models
-from autoinfer.campaign.progress import SweepProgress
-from autoinfer.campaign.recommend import as_best, recommend
 from autoinfer.campaign.space import distributions, suggest, to_config
-from autoinfer.campaign.spec import Campaign, check_space
+from autoinfer.campaign.spec import Campaign, check_space, stored_campaign
+from autoinfer.coordination import hardware, hostlock, worker
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
-from autoinfer.store import optuna_adapter as adapter
-from autoinfer.store.redact import redact_url
+from autoinfer.model.resolve import resolve_models
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
 from autoinfer.search.informed import SearchAid
+from autoinfer.store import optuna_adapter as adapter
+from autoinfer.store import trials as store
+from autoinfer.store.redact import redact_url
+from autoinfer.sweep import quality_gate, repeats
+from autoinfer.sweep.drift import flagged_trials
+from autoinfer.sweep.guard import TrialGuard, run_engine
+from autoinfer.sweep.progress import SweepProgress
+from autoinfer.sweep.recommend import as_best, recommend
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -18,7 +18,6 @@ from typing import Callable
 
 import optuna
 
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
 from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure
@@ -26,6 +25,7 @@ from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, 
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.measure.process import IsolatedProcess
+from autoinfer.store import trials as store
 
 CHECK_ATTR = "deployment_check"  # study attr: the last check's result (a dict of DeploymentCheck's fields)
 PROMPT = "The quick brown fox"

@@ -16,17 +16,17 @@ from typing import Any, Callable
 
 import optuna
 
-from autoinfer.store import trials as store
-from autoinfer.store.trials import write_run_files
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, confirm
-from autoinfer.campaign.drift import DriftAnchor, LoadInjector
-from autoinfer.campaign.hardware import measured_gpus
 from autoinfer.campaign.spec import Campaign
+from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure import environment, idle
 from autoinfer.measure.stats import summarize
 from autoinfer.paths import trial_dir
+from autoinfer.store import trials as store
+from autoinfer.store.trials import write_run_files
+from autoinfer.sweep.confirm import CONFIRMED_ATTR, confirm
+from autoinfer.sweep.drift import DriftAnchor, LoadInjector
 
 
 def sample_stats(m: Measurement) -> dict[str, Any]:

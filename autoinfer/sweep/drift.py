@@ -27,11 +27,10 @@ from typing import Any, Callable
 
 import optuna
 
-from autoinfer.store import trials as store
-from autoinfer.campaign.spec import stored_campaign
-from autoinfer.campaign.spec import Campaign, InjectLoad
+from autoinfer.campaign.spec import Campaign, InjectLoad, stored_campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.paths import results_dir
+from autoinfer.store import trials as store
 
 DRIFT_ATTR = "drift"
 

@@ -91,10 +91,10 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value."""
     import time
 
-    from autoinfer.campaign.runner import sweep
     from autoinfer.campaign.spec import parse_campaign
-    from autoinfer.store.trials import MEMORY_STORAGE
     from autoinfer.engines.replay import parameter_columns, read_table
+    from autoinfer.store.trials import MEMORY_STORAGE
+    from autoinfer.sweep.runner import sweep
 
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:

@@ -24,11 +24,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import stored_campaign
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, lighter_alternative
-from autoinfer.campaign.drift import DRIFT_ATTR, busy_verdict, flagged_trials
 from autoinfer.measure.stats import bootstrap_ci
+from autoinfer.store import trials as store
+from autoinfer.sweep.confirm import CONFIRMED_ATTR, lighter_alternative
+from autoinfer.sweep.drift import DRIFT_ATTR, busy_verdict, flagged_trials
 
 CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
 

@@ -9,14 +9,14 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autoinfer.campaign import deploy
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import stored_campaign
-from autoinfer.campaign.confirm import CONFIRMED_ATTR, finalists, summary
-from autoinfer.campaign.diagnosis import diagnose
-from autoinfer.campaign.drift import status_line
-from autoinfer.campaign.recommend import Recommendation, as_best, recommend
 from autoinfer.export.formats import LLAMA_ENGINES, render
+from autoinfer.store import trials as store
+from autoinfer.sweep import deploy
+from autoinfer.sweep.confirm import CONFIRMED_ATTR, finalists, summary
+from autoinfer.sweep.diagnosis import diagnose
+from autoinfer.sweep.drift import status_line
+from autoinfer.sweep.recommend import Recommendation, as_best, recommend
 
 
 def spread(samples: list[float]) -> str:

@@ -10,8 +10,8 @@
   PostgreSQL advisory lock held per study, so the count every worker sees includes every trial another worker
   asked for, and the campaign never runs more trials than its budget.
 - `worker --gpus 0,1` starts one worker per GPU, each with CUDA_VISIBLE_DEVICES set (`--gpus 0+1,2+3`: one per
-  group of GPUs); measurements of one host are serialised by autoinfer.campaign.hostlock, and hardware classes by
-  autoinfer.campaign.hardware.
+  group of GPUs); measurements of one host are serialised by autoinfer.coordination.hostlock, and hardware classes by
+  autoinfer.coordination.hardware.
 - Wall time: `budget.wall_s` is the campaign's, not each worker's (store.elapsed_s: the union of every trial's
   interval and the asking worker's session).
 """
@@ -32,13 +32,13 @@ import optuna
 from optuna.storages._heartbeat import BaseHeartbeatThread
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.campaign import hardware, repeats
-from autoinfer.store import trials as store
 from autoinfer.campaign.spec import Workers
+from autoinfer.coordination import hardware
 from autoinfer.errors import UserError
 from autoinfer.measure.host import Fingerprint
 from autoinfer.paths import STORAGE_ENV
 from autoinfer.store import optuna_adapter as adapter
+from autoinfer.store import trials as store
 from autoinfer.store.redact import redact, redact_url
 from autoinfer.store.urls import check_url, driver_url, is_shared
 
@@ -140,7 +140,7 @@ def reclaim_stale(study: optuna.Study, stale: list[FrozenTrial] | None = None) -
     requeued = 0
     for t in stale:
         chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
-        repeat = t.user_attrs.get(repeats.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
+        repeat = t.user_attrs.get(store.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
         reason = ("re-queued" if chosen and repeat is None else f"a repeat of trial {repeat}; nothing to re-run"
                   if chosen else "before its configuration was chosen; nothing to re-run")
         chosen = chosen and repeat is None

@@ -37,12 +37,12 @@ def sweep(
 
     Exits with status 3 and a diagnosis (the most common failure and its fix) when every trial failed, and with
     status 1 when the deployment check fails."""
-    from autoinfer.campaign.deploy import check_recommendation
-    from autoinfer.campaign.diagnosis import SWEEP_FAILED, diagnose
-    from autoinfer.campaign.recommend import as_best, recommend
-    from autoinfer.campaign.report import print_deployment_check, print_recommendation
-    from autoinfer.campaign.runner import sweep as run_sweep
     from autoinfer.campaign.spec import load_campaign
+    from autoinfer.sweep.deploy import check_recommendation
+    from autoinfer.sweep.diagnosis import SWEEP_FAILED, diagnose
+    from autoinfer.sweep.recommend import as_best, recommend
+    from autoinfer.sweep.report import print_deployment_check, print_recommendation
+    from autoinfer.sweep.runner import sweep as run_sweep
 
     campaign = load_campaign(campaign_file or DEFAULT_CAMPAIGN)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
@@ -63,8 +63,8 @@ def sweep(
 
 def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt) -> None:
     """Trials done/failed/infeasible/remaining, the best so far with its spread, elapsed and estimated time left."""
-    from autoinfer.campaign.report import print_status
     from autoinfer.store.trials import load_study
+    from autoinfer.sweep.report import print_status
 
     print_status(Console(), load_study(study, storage))
 
@@ -80,11 +80,11 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
 ) -> None:
     """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
-    from autoinfer.campaign.diagnosis import diagnose
-    from autoinfer.campaign.recommend import as_best, recommend
-    from autoinfer.store.trials import load_study
     from autoinfer.campaign.spec import stored_campaign
     from autoinfer.export.formats import FORMATS, render
+    from autoinfer.store.trials import load_study
+    from autoinfer.sweep.diagnosis import diagnose
+    from autoinfer.sweep.recommend import as_best, recommend
 
     if format not in FORMATS:
         raise UserError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")

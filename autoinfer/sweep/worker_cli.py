@@ -28,7 +28,7 @@ def worker(
     quiet: bool = typer.Option(False, "--quiet", help="No live display."),
 ) -> None:
     """Run trials of a study until its budget is spent; start as many workers as machines (or GPUs) you have."""
-    from autoinfer.campaign import worker as shared
+    from autoinfer.coordination import worker as shared
     from autoinfer.store.urls import check_url, is_shared
 
     os.environ.pop(STORAGE_ENV, None)  # read once; trial processes started from here do not inherit it
@@ -53,9 +53,9 @@ def _recommend(study: str, storage: str) -> None:
     """What the campaign found, once every worker has stopped (the children ran quietly, side by side)."""
     from rich.console import Console
 
-    from autoinfer.campaign.report import print_recommendation
-    from autoinfer.store.trials import load_study
     from autoinfer.campaign.spec import stored_campaign
+    from autoinfer.store.trials import load_study
+    from autoinfer.sweep.report import print_recommendation
 
     loaded = load_study(study, storage)
     print_recommendation(Console(), loaded, stored_campaign(loaded))
@@ -64,11 +64,10 @@ def _recommend(study: str, storage: str) -> None:
 def _join(campaign_file: Path | None, study: str, storage: str, quiet: bool) -> None:
     from rich.console import Console
 
-    from autoinfer.campaign.report import print_recommendation
-    from autoinfer.campaign.runner import sweep
-    from autoinfer.campaign.spec import load_campaign
+    from autoinfer.campaign.spec import load_campaign, stored_campaign
     from autoinfer.store.trials import load_study
-    from autoinfer.campaign.spec import stored_campaign
+    from autoinfer.sweep.report import print_recommendation
+    from autoinfer.sweep.runner import sweep
 
     if campaign_file is not None:
         campaign = load_campaign(campaign_file)

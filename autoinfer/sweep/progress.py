@@ -10,9 +10,9 @@ from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from autoinfer.store import trials as store
-from autoinfer.campaign.recommend import Recommendation
 from autoinfer.campaign.spec import Campaign
+from autoinfer.store import trials as store
+from autoinfer.sweep.recommend import Recommendation
 
 
 def describe(params: dict[str, Any]) -> str:

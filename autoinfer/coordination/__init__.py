@@ -1,0 +1,1 @@
+"""Several workers on one study: heartbeats and stale trials, one measurement per host, hardware classes."""
