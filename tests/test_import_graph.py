@@ -78,3 +78,4 @@ def test_the_graph_sees_a_cycle_closed_inside_a_function(tmp_path):
     graph = import_graph(package)
     assert graph.has_edge("pkg.a", "pkg.sub.b") and graph.has_edge("pkg.sub.b", "pkg.a")
     assert [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1] == [["pkg.a", "pkg.sub.b"]]
+

@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 
 from autoinfer.campaign.spec import Campaign
+from autoinfer.engines.base import capabilities
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import GpuInfo, list_gpus
 from autoinfer.measure.host import Fingerprint, fingerprint
@@ -136,7 +137,7 @@ def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
     split_mode stays llama.cpp's default (layer) unless the campaign searches it: on two H200s with llama.cpp
     0c1e570, `-sm row` fails to load a qwen35moe model (no split buffers) and `-sm tensor` aborts, so adding them
     would only spend trials on failures (benchmarks/results/multi-gpu-h200x2.md)."""
-    if campaign.engine not in ("llama-bench", "llama-server"):  # the engines that run on this worker's GPUs
+    if not capabilities(campaign.engine).runs_llama_tools:  # nothing runs on this worker's GPUs
         return campaign
     n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
     check_split_counts(campaign, n_gpus)

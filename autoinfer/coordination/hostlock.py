@@ -18,9 +18,10 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
+from autoinfer.engines.base import capabilities
+
 LOCK_ENV = "AUTOINFER_HOST_LOCK"
 DEFAULT_LOCK = Path("/tmp/autoinfer-host.lock")
-ENGINES_WITHOUT_HOST_MEASUREMENT = frozenset({"replay"})  # answered from a table, nothing runs on the host
 
 
 def lock_path() -> Path:
@@ -66,4 +67,4 @@ class HostLock:
 def for_campaign(engine: str, allow_concurrent: bool, note: Callable[[str], None] | None = None) -> HostLock:
     """The lock a sweep takes around each measurement (disabled where the campaign allows concurrency or the engine
     measures nothing on the host)."""
-    return HostLock(enabled=not allow_concurrent and engine not in ENGINES_WITHOUT_HOST_MEASUREMENT, note=note)
+    return HostLock(enabled=not allow_concurrent and capabilities(engine).host_measurement, note=note)

@@ -152,6 +152,32 @@ ENGINE_MODULES = {
 }
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, declared here so that no code outside engines/ compares engine names."""
+
+    llama_settings: bool = False  # its configurations are llama.cpp settings: export writes llama.cpp commands
+    python_settings: bool = False  # it measured through Llama(...) itself: its settings are that API's, as measured
+    runs_llama_tools: bool = False  # runs llama.cpp's tools on this worker's GPUs (multi-GPU knobs, fit baseline)
+    host_measurement: bool = True  # runs something on this host, so trials of one host take turns (host lock)
+
+
+CAPABILITIES = {
+    "llama-bench": Capabilities(llama_settings=True, runs_llama_tools=True),
+    "llama-server": Capabilities(llama_settings=True, runs_llama_tools=True),
+    "llama-cpp-python": Capabilities(llama_settings=True, python_settings=True),
+    "replay": Capabilities(llama_settings=True, host_measurement=False),  # a table of llama.cpp measurements
+    "reference": Capabilities(),
+}
+
+
+def capabilities(name: str) -> Capabilities:
+    """The capabilities of an engine by its campaign-file name."""
+    if name not in CAPABILITIES:
+        raise UserError(f"unknown engine {name!r}: use one of {', '.join(CAPABILITIES)}")
+    return CAPABILITIES[name]
+
+
 def create(name: str, **options: Any) -> Engine:
     """Instantiate an engine by its campaign-file name."""
     if name not in ENGINE_MODULES:

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import yaml
 
-from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.base import TrialConfig, capabilities
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.errors import UserError
 from autoinfer.store.trials import Best, samples_of
 
 FORMATS = ("server", "bench", "python", "json", "yaml")
 #: Engines whose configurations are llama.cpp configurations (a replay table is made from llama.cpp runs).
-LLAMA_ENGINES = frozenset({"llama-bench", "llama-server", "llama-cpp-python", "replay"})
 
 
 def _binary(best: Best, name: str) -> str:
@@ -56,7 +55,7 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
     unset = TrialConfig(config.model).to_params()
     lacking = [f"{name}={value!r}" for name, value in config.to_params().items()
                if name not in LlamaCppPythonEngine.supported and value != unset.get(name)]
-    if config.flash_attn == "auto" and engine != "llama-cpp-python":
+    if config.flash_attn == "auto" and not capabilities(engine).python_settings:
         lacking.append("flash_attn='auto'")
     if lacking:
         raise UserError(f"trial {best.trial.number} of study {study!r} sets {', '.join(lacking)}, which "
@@ -83,7 +82,7 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
 
 
 def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str:
-    if fmt in ("server", "bench", "python") and engine not in LLAMA_ENGINES:
+    if fmt in ("server", "bench", "python") and not capabilities(engine).llama_settings:
         raise UserError(f"study {study!r} measured the {engine} engine, whose settings are not llama.cpp settings; "
                         "use --format json or yaml")
     if fmt == "python":
@@ -93,7 +92,7 @@ def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str
     if fmt == "bench":
         return shlex.join([_binary(best, "llama-bench"), *bench_args(best.config)])
     data = as_dict(best, study)
-    if engine in LLAMA_ENGINES:
+    if capabilities(engine).llama_settings:
         data["llama_server"] = [_binary(best, "llama-server"), *server_args(best.config)]
         data["llama_bench"] = [_binary(best, "llama-bench"), *bench_args(best.config)]
     if fmt == "json":

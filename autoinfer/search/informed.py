@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
 from autoinfer.coordination import hardware
-from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
+from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig, capabilities
 from autoinfer.errors import UserError
 from autoinfer.model.placement import (
     FOLLOW_LAYERS,
@@ -366,7 +366,7 @@ def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: 
                    notes: list[str]) -> tuple[int, tuple[str, ...], str | None] | None:
     """Ask llama-fit-params for the placement that leaves (free − budget) MiB free on each GPU this worker sees;
     None with a note when it cannot answer (no GPU, the tool missing, or it failed)."""
-    if engine.name not in ("llama-bench", "llama-server"):
+    if not capabilities(engine.name).runs_llama_tools:
         notes.append(f"no llama-fit-params baseline for engine {engine.name!r}")
         return None
     from autoinfer.llama.build import find_tools

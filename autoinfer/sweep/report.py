@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from autoinfer.campaign.spec import stored_campaign
-from autoinfer.export.formats import LLAMA_ENGINES, render
+from autoinfer.engines.base import capabilities
+from autoinfer.export.formats import render
 from autoinfer.store import trials as store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.confirm import CONFIRMED_ATTR, finalists, summary
@@ -164,7 +165,7 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     console.print(f"  peak memory:      {_memory(t)}")
     if rec.alternative is not None:
         console.print(f"  {rec.alternative.line()}", markup=False, highlight=False)
-    if campaign.engine in LLAMA_ENGINES:
+    if capabilities(campaign.engine).llama_settings:
         console.print("\nrun it with:")
         console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)
     else:

@@ -207,7 +207,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.supported)
     dists = distributions(campaign)  # every range checked before the engine builds or loads anything
-    if campaign.engine not in hostlock.ENGINES_WITHOUT_HOST_MEASUREMENT:  # a table's peaks need no GPU here
+    if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
         hardware.check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
