@@ -15,13 +15,19 @@
    whole-layer placement is faster.
 4. Pairs. When every single move from the incumbent is measured, two knobs change at once where the single moves'
    measured ratios multiply to a tie or better (effects that add in log-speed, interactions found by measuring).
-5. When every move from the incumbent has been measured the campaign's sampler (TPE) takes over. A
-   configuration already measured is answered from its measurement, not run again (campaign/repeats.py).
+5. Again. An incumbent measured once that no move or pair beat is measured once more (tagged `again_of`): one
+   lucky measurement would otherwise end the search. A configuration's score pools the samples of all its trials.
+6. Grid. Then the other combinations of the knobs at the boundary, most promising first by the product of the
+   single moves' measured ratios (knobs can interact too strongly for single moves and pairs to show it), where
+   the space has at most GRID_MAX of them.
+7. When every combination at the boundary has been measured the campaign's sampler (TPE) takes over. A
+   configuration already measured is answered from its measurement, not run again (sweep/repeats.py).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -51,6 +57,7 @@ BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next
 PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
 TIE = 0.95  # a pair of moves predicted within this ratio of the incumbent is worth a measurement (run-to-run noise)
 LONG_AXIS = 6  # an ordered knob with more values than this moves a quarter of its range first
+GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before leaving it to TPE
 
 
 def allowed_values(dist: BaseDistribution) -> list[Any]:
@@ -78,6 +85,7 @@ class Seen:
     tg: float | None = None  # medians of an OK trial
     pp: float | None = None
     reason: str = ""
+    runs: int = 1  # measured trials of this configuration whose samples the score pools
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class Candidate:
 class Choice:
     params: dict[str, Any]
     reason: str
+    again_of: int | None = None  # a configuration measured again on purpose (its first trial)
 
 
 class Boundary:
@@ -141,7 +150,10 @@ class Boundary:
             return
         choice = self.propose(study)
         if choice is not None:
-            study.enqueue_trial(choice.params, user_attrs={REASON_ATTR: choice.reason}, skip_if_exists=False)
+            attrs = {REASON_ATTR: choice.reason}
+            if choice.again_of is not None:
+                attrs[store.AGAIN_ATTR] = choice.again_of
+            study.enqueue_trial(choice.params, user_attrs=attrs, skip_if_exists=False)
 
     def propose(self, study: optuna.Study) -> Choice | None:
         """The next configuration to measure and why; None when only the sampler is left."""
@@ -170,7 +182,49 @@ class Boundary:
                     reason += f" ({at.reason})"
                 if params not in tried:
                     return Choice(params, reason)
-        return self._pair(incumbent, base, seen, tried) if incumbent else None
+        if incumbent is None:
+            return None
+        pair = self._pair(incumbent, base, seen, tried)
+        if pair is not None:
+            return pair
+        moves = [m for m in seen if m.score is not None and m.params != incumbent.params
+                 and sum(m.params.get(k) != incumbent.params.get(k) for k in self.knobs) == 1]
+        if incumbent.runs == 1 and moves:  # compared with measured moves: a lucky first measurement would end it
+            return Choice(incumbent.params, f"again: no single move or pair from trial {incumbent.number} measured "
+                                            "better, so it is measured once more before the search leaves it (one "
+                                            "lucky measurement would otherwise end the local search)",
+                          incumbent.number)
+        return self._grid(incumbent, base, seen, tried)
+
+    def _grid(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
+        """The other combinations of the knobs at the boundary, most promising first (the product of the single
+        moves' measured ratios; a value never measured counts as a tie): knobs can interact too strongly for
+        single moves and pairs to show it (a larger ubatch slower alone, fastest with a quantized K cache), and
+        the boundary is where the fastest configurations are. Not for spaces too large to enumerate."""
+        if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
+            return None
+        share = {n: incumbent.params.get(n) for n in self.share}
+        ratio: dict[tuple[str, Any], float] = {}
+        for s in seen:
+            if s.score is None or any(s.params.get(n) != v for n, v in share.items()):
+                continue
+            moved = [k for k in self.knobs if s.params.get(k) != base[k]]
+            if len(moved) == 1:
+                ratio[(moved[0], s.params[moved[0]])] = s.score / incumbent.score
+        measured = {tuple(p.get(k) for k in self.knobs) for p in tried}  # at the boundary or anywhere else
+        combos = sorted((c for c in itertools.product(*(self.values[k] for k in self.knobs)) if c not in measured),
+                        key=lambda combo: -math.prod(ratio.get((k, v), 1.0) for k, v in zip(self.knobs, combo)))
+        for combo in combos:
+            knobs = dict(zip(self.knobs, combo))
+            at = self._boundary(knobs, seen) if self.share else None
+            if self.share and at is None:
+                continue
+            params = {**at.params, **knobs} if at else knobs
+            if params not in tried:
+                predicted = math.prod(ratio.get((k, v), 1.0) for k, v in zip(self.knobs, combo))
+                return Choice(params, f"grid: the next combination at the boundary from trial {incumbent.number}, "
+                                      f"predicted ×{predicted:.2f} by the single moves" + (f" ({at.reason})" if at else ""))
+        return None
 
     def _pair(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
         """Two knobs changed at once, once every single move from the incumbent is measured: the single moves'
@@ -334,16 +388,28 @@ class Boundary:
         return pred.mib if pred is not None else None
 
     def _seen(self, study: optuna.Study) -> list[Seen]:
+        """The finished trials; the score, tg and pp of a configuration measured more than once pool the samples
+        of all its successful trials."""
         out = []
         budget = self.aid.budget_mib
         weights = self.campaign.objective_weights()
-        for t in study.get_trials(deepcopy=False):
-            if not t.state.is_finished() or t.user_attrs.get(store.STALE_ATTR) or not t.params:
-                continue
+        trials = [t for t in study.get_trials(deepcopy=False)
+                  if t.state.is_finished() and not t.user_attrs.get(store.STALE_ATTR) and t.params]
+        pooled: dict[str, dict[str, list[float]]] = {}
+        runs: dict[str, int] = {}
+        for t in trials:
+            if store.is_feasible_ok(t):
+                key = _key(t.params)
+                samples = pooled.setdefault(key, {"tg": [], "pp": [], "kld": []})
+                samples["tg"] += store.samples_of(t, "tg")
+                samples["pp"] += store.samples_of(t, "pp")
+                samples["kld"] += store.kld_of(t)
+                runs[key] = runs.get(key, 0) + 1
+        for t in trials:
             outcome = t.user_attrs.get("outcome")
             config = store.config_of(t) if "config" in t.user_attrs else None
-            score = store.score({"tg": store.samples_of(t, "tg"), "pp": store.samples_of(t, "pp"),
-                                 "kld": store.kld_of(t)}, weights) if store.is_feasible_ok(t) else None
+            samples = pooled.get(_key(t.params)) if store.is_feasible_ok(t) else None
+            score = store.score(samples, weights) if samples else None
             peak = t.user_attrs.get("rss_peak_mib") if self.aid.side == "host" else t.user_attrs.get("vram_peak_mib")
             if outcome in ("oom", "infeasible", "predicted_infeasible"):
                 fits = False
@@ -351,19 +417,22 @@ class Boundary:
                 fits = peak <= budget
             else:
                 fits = None
-            tg, pp = (statistics.median(v) if (v := store.samples_of(t, k)) else None for k in ("tg", "pp"))
+            tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
             out.append(Seen(t.number, dict(t.params), score, fits, t.user_attrs.get("predicted_mib"), config, tg, pp,
-                            str(t.user_attrs.get(REASON_ATTR) or "")))
+                            str(t.user_attrs.get(REASON_ATTR) or ""), runs.get(_key(t.params), 1)))
         return out
 
     def _calibrate(self, seen: list[Seen]) -> None:
         """Refit each model's performance model to the OK trials' medians, towards its priors."""
         by_path: dict[str, list[tuple[TrialConfig, float | None, float | None]]] = {}
-        for s in seen:
-            if s.score is None or s.config is None:
-                continue
+        once = {_key(s.params): s for s in seen if s.score is not None and s.config is not None}  # pooled already
+        for s in once.values():
             by_path.setdefault(str(s.config.model), []).append((s.config, s.tg, s.pp))
         for path, observations in by_path.items():
             if path in self.perf:
                 self.perf[path].calibrate(observations)
 
+
+def _key(params: dict[str, Any]) -> str:
+    """A configuration's identity among the trials (its searched parameters)."""
+    return json.dumps(params, sort_keys=True, default=str)

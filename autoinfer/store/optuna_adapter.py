@@ -20,11 +20,6 @@ from optuna.trial import FrozenTrial, TrialState
 SUPPORTED = ((5, 0), (6, 0))
 
 
-def version_supported(version: str = optuna.__version__) -> bool:
-    major_minor = tuple(int(p) for p in version.split(".")[:2])
-    return SUPPORTED[0] <= major_minor < SUPPORTED[1]
-
-
 def storage(study: optuna.Study) -> optuna.storages.BaseStorage:
     return study._storage
 

@@ -26,6 +26,7 @@ from autoinfer.store.urls import MEMORY_STORAGE, driver_url
 
 CAMPAIGN_ATTR = "campaign"
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
+AGAIN_ATTR = "again_of"  # measured again on purpose by the search: a lucky first measurement is checked
 REPEAT_ATTR = "repeat_of"  # answered with an earlier trial's measurement, not run
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
 #: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);

@@ -75,3 +75,27 @@ def test_status_explains_the_choices():
     print_status(console, study)
     text = console.export_text()
     assert "boundary: fastest placement predicted to fit" in text and "local:" in text
+
+
+def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
+    """Every configuration measures the same: no move beats the first incumbent, whose single measurement might have
+    been lucky, so it is measured again (tagged, counted as a trial), once, before the sampler takes over."""
+    table = tmp_path / "flat.csv"
+    rows = [{"threads": t, "type_k": k, "tg": 100.0, "pp": 500.0, "tg_samples": "100 100 100",
+             "pp_samples": "500 500 500"} for t in (4, 8) for k in ("f16", "q8_0")]
+    pd.DataFrame(rows).to_csv(table, index=False)
+    df = read_table(table)
+    campaign = parse_campaign({
+        "name": "flat", "engine": "replay", "engine_options": {"table": str(table), "seed": 0},
+        "model": str(table), "space": _space(df, parameter_columns(df)), "objective": "tg",
+        "budget": {"trials": 8}, "sampler": {"name": "tpe", "seed": 0},
+        "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
+    }, str(table))
+    study = sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
+    again = [t for t in _measured(study) if "again_of" in t.user_attrs]
+    assert len(again) == 1, [t.user_attrs.get(REASON_ATTR) for t in _measured(study)]
+    (t,) = again
+    first = study.trials[t.user_attrs["again_of"]]
+    assert first.params == t.params and first.number < t.number and "repeat_of" not in t.user_attrs
+    assert t.user_attrs[REASON_ATTR].startswith("again: no single move or pair from trial")
+    assert t.user_attrs["outcome"] == "ok" and t.user_attrs["tg_samples"]
