@@ -203,14 +203,7 @@ class Boundary:
         the boundary is where the fastest configurations are. Not for spaces too large to enumerate."""
         if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
             return None
-        share = {n: incumbent.params.get(n) for n in self.share}
-        ratio: dict[tuple[str, Any], float] = {}
-        for s in seen:
-            if s.score is None or any(s.params.get(n) != v for n, v in share.items()):
-                continue
-            moved = [k for k in self.knobs if s.params.get(k) != base[k]]
-            if len(moved) == 1:
-                ratio[(moved[0], s.params[moved[0]])] = s.score / incumbent.score
+        ratio = self._single_moves(incumbent, base, seen)
         measured = {tuple(p.get(k) for k in self.knobs) for p in tried}  # at the boundary or anywhere else
         combos = sorted((c for c in itertools.product(*(self.values[k] for k in self.knobs)) if c not in measured),
                         key=lambda combo: -math.prod(ratio.get((k, v), 1.0) for k, v in zip(self.knobs, combo)))
@@ -226,18 +219,25 @@ class Boundary:
                                       f"predicted ×{predicted:.2f} by the single moves" + (f" ({at.reason})" if at else ""))
         return None
 
-    def _pair(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
-        """Two knobs changed at once, once every single move from the incumbent is measured: the single moves'
-        measured ratios to the incumbent (same GPU share) predict each pair as their product (effects that add in
-        log-speed); pairs predicted within TIE of the incumbent or better are measured, the most promising first."""
+    def _single_moves(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen]) -> dict[tuple[str, Any], float]:
+        """(knob, value) → measured score ratio to the incumbent, for each move of one knob at its GPU share."""
         share = {n: incumbent.params.get(n) for n in self.share}
-        effects: dict[str, list[tuple[Any, float]]] = {}
+        out: dict[tuple[str, Any], float] = {}
         for s in seen:
             if s.score is None or any(s.params.get(n) != v for n, v in share.items()):
                 continue
             moved = [k for k in self.knobs if s.params.get(k) != base[k]]
             if len(moved) == 1:
-                effects.setdefault(moved[0], []).append((s.params[moved[0]], s.score / incumbent.score))
+                out[(moved[0], s.params[moved[0]])] = s.score / incumbent.score
+        return out
+
+    def _pair(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
+        """Two knobs changed at once, once every single move from the incumbent is measured: the single moves'
+        measured ratios to the incumbent (same GPU share) predict each pair as their product (effects that add in
+        log-speed); pairs predicted within TIE of the incumbent or better are measured, the most promising first."""
+        effects: dict[str, list[tuple[Any, float]]] = {}
+        for (knob, value), ratio in self._single_moves(incumbent, base, seen).items():
+            effects.setdefault(knob, []).append((value, ratio))
         pairs = sorted(((ra * rb, (a, va, ra), (b, vb, rb))
                         for a, b in itertools.combinations(effects, 2)
                         for va, ra in effects[a] for vb, rb in effects[b]), key=lambda p: -p[0])
