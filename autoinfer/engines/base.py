@@ -13,9 +13,10 @@ import statistics
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from autoinfer.errors import UserError
+from autoinfer.model.placement import ModelShape, shape_from_gguf
 from autoinfer.trial_config import TrialConfig
 
 
@@ -115,21 +116,43 @@ class RunContext:
     on_first_sample: Callable[[float], bool] | None = None  # returns True to cut a hopeless trial short
 
 
-class Engine(Protocol):
-    """An engine plugin. Implementations live in autoinfer/engines/<name>.py and register below."""
+class Engine:
+    """An engine plugin: implementations live in autoinfer/engines/<name>.py, subclass this and register below.
+    Every capability the loop and the search use is declared here with its default; an engine overrides what
+    it has, so nothing outside engines/ has to probe an engine for what it can do."""
 
     name: str
     #: TrialConfig field names and `extra` knobs this engine understands; others fail campaign validation.
     supported: frozenset[str]
+    #: GPUs the measurements come from when that is not this machine's (a replay table measured on several).
+    n_gpus: int | None = None
+    #: The llama.cpp build the engine runs (for tools the loop runs beside it, e.g. the quality check); None if none.
+    tools: Any = None
 
     def check(self) -> None:
         """Raise UserError when the engine cannot run here (binary missing, package not installed)."""
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         """Measure one configuration. Never raises for a failed trial: failures are Measurements."""
+        raise NotImplementedError
 
     def decisions(self) -> tuple[Decision, ...]:
         """Settings this engine must impose on every trial here (after check()); usually none."""
+        return ()
+
+    def refusal(self, config: TrialConfig) -> str | None:
+        """Why the engine would refuse this configuration, known without running it; None when it would run."""
+        return None
+
+    def resolve_models(self, entries: list[str]) -> dict[str, str]:
+        """The campaign's model entries as the files (or labels) the engine runs."""
+        from autoinfer.model.resolve import resolve_models
+
+        return resolve_models(entries)
+
+    def model_shape(self, model: str) -> ModelShape | None:
+        """The architecture and tensor bytes of a resolved model, for the memory and performance models."""
+        return shape_from_gguf(Path(model))
 
 
 _FACTORIES: dict[str, Callable[..., Engine]] = {}

@@ -14,7 +14,7 @@ import signal as signals
 from pathlib import Path
 from typing import Any, Iterable
 
-from autoinfer.engines.base import Decision, Outcome, TrialConfig
+from autoinfer.engines.base import Decision, Engine, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.llama.build import working_tools
 from autoinfer.measure.crash import Crash, signal_name
@@ -109,7 +109,7 @@ def _check_patterns(patterns: Iterable[str], separators: str, where: str) -> Non
             )
 
 
-class LlamaToolsEngine:
+class LlamaToolsEngine(Engine):
     """Base of the engines that run a llama.cpp build: looked up once, on first use, and built (once per machine,
     cached) when none is found, so a first `autoinfer sweep` on a fresh machine just works."""
 
@@ -135,8 +135,7 @@ class LlamaToolsEngine:
             return (Decision("repack", 0, self.tools.decision),)
         return ()
 
-    @staticmethod
-    def refusal(config: TrialConfig) -> str | None:
+    def refusal(self, config: TrialConfig) -> str | None:
         """Why llama.cpp would refuse this configuration at context creation, known without running it."""
         if config.flash_attn == "off" and config.type_v not in ("f16", "bf16", "f32"):
             return f"llama.cpp needs flash attention for a quantized V cache (type_v={config.type_v})"

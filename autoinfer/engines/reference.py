@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
 from autoinfer.engines.llama_common import classify_failure
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
@@ -52,7 +52,7 @@ def _error_line(stderr: str) -> str:
 
 
 @register("reference")
-class ReferenceEngineRunner:
+class ReferenceEngineRunner(Engine):
     name = "reference"
     supported = frozenset({"model", "n_prompt", "n_gen", "repetitions", "prefetch", *KNOBS})
 

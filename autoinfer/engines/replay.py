@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
 from autoinfer.errors import UserError
+from autoinfer.model.placement import ModelShape
 
 #: Columns of a table that are measurements, never parameters (also for `autoinfer import`).
 RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "tg_sd", "pp_sd", "outcome", "reason",
@@ -112,7 +113,7 @@ def _number(value: Any) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-class ReplayEngine:
+class ReplayEngine(Engine):
     """Looks a configuration up in the table (exact match, else the nearest row) and replays its noise."""
 
     name = "replay"
@@ -143,10 +144,8 @@ class ReplayEngine:
         """Model entries are labels here: the table already holds the measurements."""
         return {entry: entry for entry in entries}
 
-    def model_shape(self, model: str):
+    def model_shape(self, model: str) -> ModelShape | None:
         """The model's shape from the table's sidecar, or None when the table has none."""
-        from autoinfer.model.placement import ModelShape
-
         path = shape_path(self.table_path)
         return ModelShape.from_json(path.read_text()) if path.is_file() else None
 

@@ -95,7 +95,7 @@ class SearchAid:
         c = campaign.constraints
         aid.side, aid.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
             else (None, None)
-        aid.n_gpus = getattr(engine, "n_gpus", None) or max(len(hardware.measured_gpus()), 1)  # replay: the table's
+        aid.n_gpus = engine.n_gpus or max(len(hardware.measured_gpus()), 1)
         if aid.side == "device" and aid.n_gpus > 1:
             aid.notes.append(f"{aid.n_gpus} GPUs: the memory model predicts each GPU's peak against "
                              f"{c.vram_mib:.0f} MiB (layers shared by tensor_split, experts by expert_split)")
@@ -109,15 +109,11 @@ class SearchAid:
         return aid
 
     def _shape(self, path: str) -> ModelShape | None:
-        from_engine = getattr(self.engine, "model_shape", None)
-        if from_engine is not None:
-            shape = from_engine(path)
-            if shape is None:
-                self.notes.append("the replay table has no .shape.json: no memory model, placements not translated")
-            return shape
-        from autoinfer.model.placement import shape_from_gguf
-
-        return shape_from_gguf(Path(path))
+        shape = self.engine.model_shape(path)
+        if shape is None:
+            self.notes.append(f"no model shape for {Path(path).name} (a replay table without its .shape.json): no "
+                              "memory model, placements not translated")
+        return shape
 
     # -- per trial ------------------------------------------------------------------------------------------
     def realize(self, config: TrialConfig, trial: optuna.Trial) -> TrialConfig:

@@ -107,7 +107,7 @@ class TrialGuard:
                     m: Measurement) -> dict[str, Any]:
         tokens = len(m.pp_samples) * config.n_prompt + len(m.tg_samples) * config.n_gen
         return environment.finish(start, gpus=self.gpus, model=config.model,
-                                  tools=getattr(self.engine, "tools", None), tokens=tokens or None)
+                                  tools=self.engine.tools, tokens=tokens or None)
 
     def measure(self, trial: optuna.Trial, config: TrialConfig, run: Callable[[], Measurement]) -> Measurement:
         """Idle check, the trial's run(s) with their environment, and its statistics as trial user attributes.

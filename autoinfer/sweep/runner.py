@@ -26,7 +26,6 @@ from autoinfer.coordination import hardware, hostlock, worker
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
-from autoinfer.model.resolve import resolve_models
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
 from autoinfer.search.informed import SearchAid
@@ -151,7 +150,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -
 
 def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | None:
     """A REJECTED record for a combination the engine is known to refuse, so no process is started for it."""
-    reason = getattr(engine, "refusal", lambda _: None)(config)
+    reason = engine.refusal(config)
     return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
 
 
@@ -159,7 +158,7 @@ def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision,
     """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
     printed once; a campaign that asks for another value of such a setting is refused, since its trials would
     measure something else than they say."""
-    decisions = tuple(getattr(engine, "decisions", lambda: ())())
+    decisions = engine.decisions()
     for d in decisions:
         asked = campaign.space.get(d.knob)
         values = asked if isinstance(asked, list) else [] if asked is None else [asked]
@@ -211,7 +210,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
         hardware.check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
-    models = getattr(engine, "resolve_models", resolve_models)(campaign.model)
+    models = engine.resolve_models(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
 
     with sqlite_single_worker(url, name):
@@ -263,6 +262,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     repeated += 1
                     with worker.serialized(study):
                         strategy.observe(study)
+                    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                        continue  # a queued trial (the search's proposal, a retry) is what the next ask runs
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
                         fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
