@@ -79,3 +79,17 @@ def test_the_graph_sees_a_cycle_closed_inside_a_function(tmp_path):
     assert graph.has_edge("pkg.a", "pkg.sub.b") and graph.has_edge("pkg.sub.b", "pkg.a")
     assert [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1] == [["pkg.a", "pkg.sub.b"]]
 
+
+
+#: The packages bottom to top, as README's code map and docs/ARCHITECTURE.md list them.
+LAYERS = ("measure", "model", "llama", "refengine", "engines", "store", "export", "campaign", "coordination", "search",
+          "sweep", "analysis")
+
+
+def test_packages_import_only_those_below_them():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    packages = {_subpackage(m) for m in import_graph()} - {None}
+    assert packages == set(LAYERS), f"a package the layer list lacks (or lists in vain): {packages ^ set(LAYERS)}"
+    upward = sorted(f"{a} → {b}" for a, b in import_graph().edges
+                    if _subpackage(a) and _subpackage(b) and rank[_subpackage(b)] > rank[_subpackage(a)])
+    assert not upward, upward
