@@ -26,7 +26,7 @@ from autoinfer.analysis.importers import ImportedRow, ImportResult
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
-from autoinfer.model.placement import PLACEMENT_KEYS, first_gpu_layer, realize
+from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, realize
 from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.store import trials as store
 
@@ -252,8 +252,7 @@ def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | N
         pb = placement_bytes(info, config.n_gpu_layers, config.n_cpu_moe, config.override_tensors, gpu=gpu)
         for c in columns[:-1]:
             values[c].append(getattr(pb, c))
-        values["cpu_layers"].append(min(first_gpu_layer(config.n_gpu_layers, info.n_layers), info.n_layers)
-                                    if gpu else info.n_layers)
+        values["cpu_layers"].append(cpu_layers(config.n_gpu_layers, info.n_layers, gpu))
     for c in columns:
         out[c] = values[c]
     return out

@@ -190,6 +190,13 @@ def holdout_error(fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
     return float(100 * np.mean(errors)), float(100 * np.std(errors, ddof=1) / math.sqrt(len(errors)))
 
 
+def _determined_terms(design: np.ndarray) -> int:
+    """How many of a linear model's terms the rows determine: the rank of the design with its columns scaled to
+    unit length (an all-zero column determines nothing)."""
+    norms = np.linalg.norm(design, axis=0)
+    return int(np.linalg.matrix_rank(design[:, norms > 0] / norms[norms > 0], tol=1e-6))
+
+
 def _clean(y: Sequence[float], *cols: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     arrays = [np.asarray(c, dtype=float) for c in cols]
     yy = np.asarray(y, dtype=float)
@@ -226,9 +233,7 @@ def fit_bandwidth(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float]
     x, y = _clean(tok_s, active_cpu_gb, active_gpu_gb)
     if len(y) < 4:
         raise ValueError("the bandwidth model needs at least 4 trials with byte accounting")
-    design = np.column_stack([np.ones(len(y)), x])
-    norms = np.linalg.norm(design, axis=0)
-    rank = int(np.linalg.matrix_rank(design[:, norms > 0] / norms[norms > 0], tol=1e-6))
+    rank = _determined_terms(np.column_stack([np.ones(len(y)), x]))
     if rank < 2:
         raise ValueError("every trial reads the same bytes per token on each side (no placement varies): "
                          "nothing for the bandwidth model to explain")
@@ -247,9 +252,7 @@ def fit_performance(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[floa
                     threads: Sequence[float], tok_s: Sequence[float], seed: int = 0) -> Fit:
     """The search's performance model on the trials; `terms_determined` is how many of its terms they pin down."""
     x, y = _clean(tok_s, active_cpu_gb, active_gpu_gb, cpu_layers, threads)
-    rows = _performance_rows(x)
-    norms = np.linalg.norm(rows, axis=0)
-    rank = int(np.linalg.matrix_rank(rows[:, norms > 0] / norms[norms > 0], tol=1e-6))
+    rank = _determined_terms(_performance_rows(x))
     if len(y) < rank + 2:
         raise ValueError(f"the performance model needs at least {rank + 2} trials with byte accounting")
     return _evaluate("performance", _performance_fit, performance_predict, x, y, rank, seed,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import statistics
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -116,7 +117,7 @@ class RunContext:
     on_first_sample: Callable[[float], bool] | None = None  # returns True to cut a hopeless trial short
 
 
-class Engine:
+class Engine(ABC):
     """An engine plugin: implementations live in autoinfer/engines/<name>.py, subclass this and register below.
     Every capability the loop and the search use is declared here with its default; an engine overrides what
     it has, so nothing outside engines/ has to probe an engine for what it can do."""
@@ -132,9 +133,9 @@ class Engine:
     def check(self) -> None:
         """Raise UserError when the engine cannot run here (binary missing, package not installed)."""
 
+    @abstractmethod
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         """Measure one configuration. Never raises for a failed trial: failures are Measurements."""
-        raise NotImplementedError
 
     def decisions(self) -> tuple[Decision, ...]:
         """Settings this engine must impose on every trial here (after check()); usually none."""

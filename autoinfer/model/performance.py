@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import optimize
 
-from autoinfer.model.placement import ModelShape, first_gpu_layer, realize
+from autoinfer.model.placement import ModelShape, cpu_layers, realize
 from autoinfer.model.placement_bytes import placement_bytes
 from autoinfer.trial_config import TrialConfig
 
@@ -68,8 +68,7 @@ def features_of(shape: ModelShape, config: TrialConfig, gpu: bool = True) -> Fea
 
 def _placement(shape: ModelShape, ngl: int, ncmoe: int, overrides: tuple[str, ...], gpu: bool) -> tuple[float, ...]:
     pb = placement_bytes(shape, ngl, ncmoe, overrides, gpu=gpu)
-    whole = first_gpu_layer(ngl, shape.n_layers) if gpu else shape.n_layers
-    return pb.active_cpu_gb, pb.active_gpu_gb, pb.cpu_gb, min(whole, shape.n_layers)
+    return pb.active_cpu_gb, pb.active_gpu_gb, pb.cpu_gb, cpu_layers(ngl, shape.n_layers, gpu)
 
 
 def _features(shape: ModelShape, placed: tuple[float, ...], config: TrialConfig) -> Features:

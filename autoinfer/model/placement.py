@@ -185,6 +185,11 @@ def first_gpu_layer(n_gpu_layers: int, n_layers: int) -> int:
     return max(n_layers + 1 - max(n_gpu_layers, 0), 0)
 
 
+def cpu_layers(n_gpu_layers: int, n_layers: int, gpu: bool = True) -> int:
+    """Repeating layers kept whole on the CPU (all of them on a build without a GPU backend, whatever -ngl says)."""
+    return min(first_gpu_layer(n_gpu_layers, n_layers), n_layers) if gpu else n_layers
+
+
 def realize(config: TrialConfig, n_layers: int) -> TrialConfig:
     """Turn the campaign's placement parameters (extra knobs) into tensor overrides llama.cpp understands: the CPU
     pattern first (llama.cpp takes the first rule that matches), then one pattern per GPU for the experts left on

@@ -41,7 +41,7 @@ from autoinfer.campaign.space import to_config
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import cpu_expert_layers, first_gpu_layer
+from autoinfer.model.placement import cpu_expert_layers, cpu_layers
 from autoinfer.search.informed import REASON_ATTR, SAMPLED, SearchAid, _typical
 from autoinfer.store import trials as store
 
@@ -370,13 +370,13 @@ class Boundary:
                 if config.get("cpu_expert_layers"):
                     on_cpu |= set(cpu_expert_layers(config.get("placement") or "first",
                                                     config.get("cpu_expert_layers"), n_layers))
-                whole = first_gpu_layer(config.n_gpu_layers, n_layers)
-                key = (path, min(whole, n_layers), frozenset(on_cpu), tuple(params.get(n) for n in splits))
+                whole = cpu_layers(config.n_gpu_layers, n_layers)
+                key = (path, whole, frozenset(on_cpu), tuple(params.get(n) for n in splits))
                 if key in out:
                     continue
                 pred = self._predict(config)
                 out[key] = Candidate(params, config, pred if pred is not None else 0.0,
-                                     self.perf[path].score(config, self.weights), min(whole, n_layers))
+                                     self.perf[path].score(config, self.weights), whole)
         return list(out.values())
 
     # -- what the trials say ---------------------------------------------------------------------------------
