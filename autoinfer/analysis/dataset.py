@@ -28,6 +28,7 @@ from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
 from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, realize
 from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.search.informed import REASON_ATTR
 from autoinfer.store import trials as store
 
 IMPORTED_ATTR = "imported_files"
@@ -197,6 +198,8 @@ def trial_row(t: FrozenTrial) -> dict[str, Any]:
         "feasible": all(v <= 0 for v in t.constraints.values()),
         "value": t.value if t.state == TrialState.COMPLETE else float("nan"),
         "config_key": config_key(config) if config else "",
+        **{key: t.user_attrs.get(key) for key in store.ORIGIN_ATTRS},  # why a trial measures a configuration again
+        "search_reason": t.user_attrs.get(REASON_ATTR, ""),
         **config,
         **_summary(store.samples_of(t, "tg"), "tg"),
         **_summary(store.samples_of(t, "pp"), "pp"),

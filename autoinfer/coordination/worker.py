@@ -148,7 +148,7 @@ def reclaim_stale(study: optuna.Study, stale: list[FrozenTrial] | None = None) -
             store.STALE_ATTR: True, "outcome": "crash",
             "reason": f"the sweep process died while this trial ran; {reason}"})
         if failed and chosen:  # not failed: its worker finished it after all
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            study.enqueue_trial(t.params, user_attrs={store.RETRY_ATTR: t.number}, skip_if_exists=False)
             requeued += 1
     return requeued
 

@@ -28,6 +28,10 @@ CAMPAIGN_ATTR = "campaign"
 UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
 AGAIN_ATTR = "again_of"  # measured again on purpose by the search: a lucky first measurement is checked
 REPEAT_ATTR = "repeat_of"  # answered with an earlier trial's measurement, not run
+REMEASURE_ATTR = "remeasure_of"  # queued again because the drift anchor flagged its measurement
+RETRY_ATTR = "retry_of"  # queued again because the worker that ran it died (no heartbeat)
+#: Why a trial exists when it is not the search's own suggestion: each names the trial it measures again or answers.
+ORIGIN_ATTRS = (REMEASURE_ATTR, RETRY_ATTR, AGAIN_ATTR, REPEAT_ATTR)
 STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
 #: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
 #: trial attribute: those settings.
@@ -79,7 +83,7 @@ def is_finished(trial: FrozenTrial) -> bool:
 def is_remeasurement(trial: FrozenTrial | optuna.Trial) -> bool:
     """A configuration queued again because the drift anchor flagged its measurement: it is measured before the
     campaign ends and does not count against the trial budget."""
-    return "remeasure_of" in trial.user_attrs
+    return REMEASURE_ATTR in trial.user_attrs
 
 
 def waiting_remeasurements(trials: list[FrozenTrial]) -> list[FrozenTrial]:

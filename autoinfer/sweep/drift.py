@@ -220,7 +220,7 @@ class DriftAnchor:
         self.study.set_user_attr(store.DRIFT_FLAGGED_ATTR, sorted(already | set(numbers)))
         for t in victims:
             if t.number in requeued:
-                self.study.enqueue_trial(t.params, user_attrs={"remeasure_of": t.number}, skip_if_exists=False)
+                self.study.enqueue_trial(t.params, user_attrs={store.REMEASURE_ATTR: t.number}, skip_if_exists=False)
         self.state.setdefault("events", []).append(
             {"time": time.time(), "after_trial": upto, "flagged": numbers, "requeued": requeued})
         self._save()

@@ -23,7 +23,7 @@ def trial_line(t: FrozenTrial) -> str:
     """One line per finished trial: number, outcome, medians, memory, reason."""
     outcome = store.outcome_of(t)
     parts = [f"trial {t.number:>3}", f"{outcome:<12}"]
-    parts += [f"{key}={t.user_attrs[key]}" for key in ("remeasure_of", "retry_of", "again_of", "repeat_of") if key in t.user_attrs]
+    parts += [f"{key}={t.user_attrs[key]}" for key in store.ORIGIN_ATTRS if key in t.user_attrs]
     for kind in ("tg", "pp"):
         samples = store.samples_of(t, kind)
         if samples:

@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autoinfer.store import trials as store
 from autoinfer.store.trials import REPEAT_ATTR
 
-DELIBERATE = ("remeasure_of", "retry_of", store.AGAIN_ATTR)  # tags of re-measurements made on purpose
+DELIBERATE = (store.REMEASURE_ATTR, store.RETRY_ATTR, store.AGAIN_ATTR)  # tags of re-measurements made on purpose
 NUDGE_AFTER = 3  # repeat suggestions in a row after which an unmeasured configuration is queued
 MAX_IN_A_ROW = 50  # repeats in a row despite those: the sweep stops (queued ones realised as measured ones)
 EXPLORE_ATTR = "explore_after_repeats"

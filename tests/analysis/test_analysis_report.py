@@ -106,7 +106,10 @@ def test_report_for_a_real_sweep_on_the_tiny_model(llama_tools, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "results" / "tiny-report" / "report"
     trials = pd.read_csv(out / "trials.csv")
-    assert len(trials) == 4 and set(trials["outcome"]) == {"ok"}
+    # the budget counts the search's trials; a drift anchor on a busy host may queue a configuration again
+    searched = trials[trials["remeasure_of"].isna()]
+    assert len(searched) == 4 and set(trials["outcome"]) == {"ok"}
+    assert set(trials["remeasure_of"].dropna()) <= set(searched["trial"])
     study = optuna.load_study(study_name="tiny-report", storage=f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}")
     pooled: dict[str, list[float]] = {}
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):

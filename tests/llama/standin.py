@@ -39,7 +39,9 @@ if quantized and MODE == "refuse":  # a build that cannot load the model: an err
 if crash:
     sys.stderr.write("load_tensors:          AMX model buffer size =     0.30 MiB\\n")
     sys.stderr.flush()
-    if FAULT:  # a real fault: an undefined instruction in a library function, logged by the kernel
+    if FAULT:  # a real fault: an undefined instruction in a library function, logged by the kernel under this pid
+        with open(os.path.join(os.path.dirname(FAULT), "pids"), "a") as pids:
+            pids.write(f"{{os.getpid()}}\\n")
         os.execv(FAULT, [FAULT])
     os.kill(os.getpid(), signal.SIGILL)
 os.execv(REAL, [REAL, *args])
@@ -49,6 +51,12 @@ os.execv(REAL, [REAL, *args])
 LIBRARY_C = '__attribute__((noinline)) void tinygemm_kernel_amx_standin(void) { __asm__ volatile("ud2"); }\n'
 MAIN_C = "void tinygemm_kernel_amx_standin(void);\nint main(void) { tinygemm_kernel_amx_standin(); return 0; }\n"
 COMPONENT = "tinygemm_kernel_amx_standin (libamxstandin.so)"
+
+
+def faulted_pids(folder: Path) -> set[int]:
+    """The pids of the stand-in's real faults in `folder` (the kernel's fault lines name them)."""
+    pids = folder / "fault" / "pids"
+    return {int(line) for line in pids.read_text().split()} if pids.exists() else set()
 
 
 def _faulting_program(folder: Path) -> Path | None:
