@@ -31,8 +31,9 @@ from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.replay import shape_path
-from autoinfer.model.placement import realize, shape_from_gguf
+from autoinfer.model.placement import realize
 from autoinfer.model.resolve import resolve_model
+from autoinfer.model.shape import shape_from_gguf
 
 
 def parse_values(text: str) -> list:

@@ -21,8 +21,9 @@ from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args
 from autoinfer.llama.build import find_tools
 from autoinfer.measure.process import run_isolated
-from autoinfer.model.placement import realize, shape_from_gguf
+from autoinfer.model.placement import realize
 from autoinfer.model.resolve import resolve_model
+from autoinfer.model.shape import shape_from_gguf
 
 BUFFER = re.compile(r"(CUDA\d+|CPU\w*) (model|KV|compute|RS) buffer size =\s*([\d.]+) MiB")
 

@@ -27,7 +27,7 @@ from autoinfer.analysis import fits as F
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import parameter_columns, read_table, shape_path
 from autoinfer.model.performance import features_of
-from autoinfer.model.placement import ModelShape
+from autoinfer.model.shape import ModelShape
 
 TABLES = Path(__file__).resolve().parent / "tables"
 FAMILIES = ("power_law", "bandwidth", "performance")

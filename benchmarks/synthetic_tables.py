@@ -17,8 +17,9 @@ import pandas as pd
 
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import shape_path
+from autoinfer.model.memory import MemoryModel
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import MemoryModel, ModelShape, TensorBytes
+from autoinfer.model.shape import ModelShape, TensorBytes
 
 
 def random_shape(rng: np.random.Generator) -> ModelShape:

@@ -42,7 +42,7 @@ from autoinfer.measure.gpu import memory_used_mib
 from autoinfer.measure.process import run_isolated
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import features_of
-from autoinfer.model.placement import shape_from_gguf
+from autoinfer.model.shape import shape_from_gguf
 from autoinfer.search.informed import parse_fit_params
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"

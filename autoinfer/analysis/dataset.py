@@ -26,8 +26,7 @@ from autoinfer.analysis.importers import ImportedRow, ImportResult
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
-from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, realize
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, placement_bytes, realize
 from autoinfer.search.informed import REASON_ATTR
 from autoinfer.store import trials as store
 

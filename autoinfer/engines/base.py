@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoinfer.errors import UserError
-from autoinfer.model.placement import ModelShape, shape_from_gguf
+from autoinfer.model.shape import ModelShape, shape_from_gguf
 from autoinfer.trial_config import TrialConfig
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
 from autoinfer.errors import UserError
-from autoinfer.model.placement import ModelShape
+from autoinfer.model.shape import ModelShape
 
 #: Columns of a table that are measurements, never parameters (also for `autoinfer import`).
 RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "tg_sd", "pp_sd", "outcome", "reason",

@@ -18,13 +18,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from autoinfer.errors import UserError
+from autoinfer.model.arch import ARCHES, Architecture
 from autoinfer.model.gguf_header import GGUFFormatError, GGUFHeader, read_header
 
-ARCHES = ("qwen35moe", "qwen3next")
 GROUPS = (
     "embeddings", "output", "norm", "attention", "gdn", "router", "shared_expert", "routed_experts", "mtp", "other",
 )
-MAX_BLOCKS = 65536
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 _NORMS = ("attn_norm.weight", "post_attention_norm.weight")
 _ROUTED = re.compile(r"^ffn_(gate|up|down|gate_up)_(ch)?exps\.")
@@ -48,23 +47,46 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """The architecture numbers and every tensor of one qwen35moe/qwen3next GGUF.
+    """The architecture and every tensor of one qwen35moe/qwen3next GGUF.
 
     `metadata` holds every header key; arrays longer than gguf_header.MAX_KEPT_ARRAY (the tokenizer) as ArrayCount.
     """
 
     path: Path
     arch: str
-    n_layers: int
-    n_experts: int
-    n_experts_used: int
-    hidden: int
-    attention_layers: tuple[int, ...]
-    context_length: int
-    vocab_size: int
+    architecture: Architecture
     tensors: tuple[TensorInfo, ...]
     file_bytes: int
     metadata: dict[str, object]
+
+    @property
+    def n_layers(self) -> int:
+        return self.architecture.n_layers
+
+    @property
+    def n_experts(self) -> int:
+        return self.architecture.n_experts
+
+    @property
+    def n_experts_used(self) -> int:
+        return self.architecture.n_experts_used
+
+    @property
+    def hidden(self) -> int:
+        return self.architecture.hidden
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return self.architecture.attention_layers
+
+    @property
+    def context_length(self) -> int:
+        return self.architecture.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the token embedding."""
+        return self.architecture.vocab
 
     @property
     def tensor_bytes(self) -> int:
@@ -117,6 +139,9 @@ class ModelInfo:
         """Plain data for JSON: header numbers, group totals, per-layer expert bytes and every tensor."""
         d = asdict(self)
         d["path"] = str(self.path)
+        d.update(n_layers=self.n_layers, n_experts=self.n_experts, n_experts_used=self.n_experts_used,
+                 hidden=self.hidden, attention_layers=self.attention_layers, context_length=self.context_length,
+                 vocab_size=self.vocab_size)
         d["tensor_bytes"] = self.tensor_bytes
         d["n_params"] = self.n_params
         d["bytes_by_group"] = self.bytes_by_group()
@@ -147,32 +172,6 @@ def _group(name: str, layer: int | None, n_layers: int, attention_layers: tuple[
     return "gdn" if _GDN.match(part) else "other"
 
 
-def _key(header: GGUFHeader, key: str, path: Path, default: int | None = None, minimum: int = 0) -> int:
-    value = header.metadata.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UserError(f"{path}: GGUF lacks the integer {key}; the file is incomplete, re-convert or re-create it")
-    if value < minimum:
-        raise UserError(f"{path}: {key} is {value}, below {minimum}; the file is corrupt, re-convert or re-create it")
-    return value
-
-
-def _expert_used(header: GGUFHeader, arch: str, path: Path) -> int:
-    used = _key(header, f"{arch}.expert_used_count", path)
-    if used > _key(header, f"{arch}.expert_count", path, minimum=1):
-        raise UserError(f"{path}: {arch}.expert_used_count ({used}) exceeds expert_count; the file is corrupt, "
-                        "re-convert or re-create it")
-    return used
-
-
-def _attention_layers(header: GGUFHeader, arch: str, n_layers: int, path: Path) -> tuple[int, ...]:
-    """From `attention.recurrent_layers` when present, else `full_attention_interval` (default 4), as llama.cpp."""
-    recurrent = header.metadata.get(f"{arch}.attention.recurrent_layers")
-    if isinstance(recurrent, list) and len(recurrent) >= n_layers:
-        return tuple(i for i in range(n_layers) if not recurrent[i])
-    interval = _key(header, f"{arch}.full_attention_interval", path, default=4, minimum=1)
-    return tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
-
-
 def _open(path: Path) -> GGUFHeader:
     if not path.is_file():
         raise UserError(f"{path}: no such file; pass the path of a .gguf model")
@@ -201,38 +200,17 @@ def _read_info(path: Path, size: int, mtime_ns: int) -> ModelInfo:
     arch = header.metadata.get("general.architecture")
     if arch not in ARCHES:
         raise UserError(f"{path}: architecture {arch!r} is not supported; autoinfer models {', '.join(ARCHES)} GGUFs")
-    blocks = _key(header, f"{arch}.block_count", path, minimum=1)
-    if blocks > MAX_BLOCKS:  # per-layer tables are built over every layer: 2^31 of them would never finish
-        raise UserError(f"{path}: {arch}.block_count is {blocks}, more than any model has ({MAX_BLOCKS}); "
-                        "the file is corrupt, re-convert or re-create it")
-    nextn = _key(header, f"{arch}.nextn_predict_layers", path, default=0)
-    if nextn >= blocks:
-        raise UserError(f"{path}: {arch}.nextn_predict_layers ({nextn}) leaves no trunk layer of {blocks}; "
-                        "the file is corrupt, re-convert or re-create it")
-    n_layers = blocks - nextn
-    attention_layers = _attention_layers(header, arch, n_layers, path)
+    embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    if embd is None or len(embd.shape) != 2:
+        raise UserError(f"{path}: GGUF has no 2-D token_embd tensor; the file is incomplete, re-convert or recreate it")
+    architecture = Architecture.from_metadata(header.metadata, arch, str(path), vocab=embd.shape[1])
     tensors = []
     for t in header.tensors:
         m = _LAYER.match(t.name)
         layer = int(m.group(1)) if m else None
         tensors.append(TensorInfo(
-            name=t.name, layer=layer, group=_group(t.name, layer, n_layers, attention_layers),
+            name=t.name, layer=layer, group=_group(t.name, layer, architecture.n_layers, architecture.attention_layers),
             ggml_type=t.ggml_type, n_bytes=t.n_bytes, shape=t.shape,
         ))
-    embd = next((t for t in tensors if t.group == "embeddings"), None)
-    if embd is None or len(embd.shape) != 2:
-        raise UserError(f"{path}: GGUF has no 2-D token_embd tensor; the file is incomplete, re-convert or recreate it")
-    return ModelInfo(
-        path=path,
-        arch=arch,
-        n_layers=n_layers,
-        n_experts=_key(header, f"{arch}.expert_count", path, minimum=1),
-        n_experts_used=_expert_used(header, arch, path),
-        hidden=_key(header, f"{arch}.embedding_length", path),
-        attention_layers=attention_layers,
-        context_length=_key(header, f"{arch}.context_length", path),
-        vocab_size=embd.shape[1],
-        tensors=tuple(tensors),
-        file_bytes=header.file_bytes,
-        metadata=header.metadata,
-    )
+    return ModelInfo(path=path, arch=arch, architecture=architecture, tensors=tuple(tensors),
+                     file_bytes=header.file_bytes, metadata=header.metadata)

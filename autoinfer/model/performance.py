@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import optimize
 
-from autoinfer.model.placement import ModelShape, cpu_layers, realize
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.placement import cpu_layers, placement_bytes, realize
+from autoinfer.model.shape import ModelShape
 from autoinfer.trial_config import TrialConfig
 
 GB = 1e9

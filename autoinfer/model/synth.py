@@ -21,8 +21,9 @@ from filelock import FileLock
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
 
 from autoinfer.errors import UserError
+from autoinfer.model.arch import Architecture
 from autoinfer.model.gguf_header import read_header
-from autoinfer.model.presets import Preset, get_preset
+from autoinfer.model.presets import get_preset
 from autoinfer.model.weights import SUPPORTED_TYPES, block_size, n_bytes, tensor_chunks
 from autoinfer.paths import cache_dir
 
@@ -57,7 +58,8 @@ class PlannedTensor:
 class SynthPlan:
     """Everything synth() will write, computed without writing: shapes, types and bytes of every tensor."""
 
-    preset: Preset
+    preset: str
+    arch: Architecture
     qtype: str
     tokenizer: str
     vocab_size: int
@@ -77,7 +79,7 @@ def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
         raise UserError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
 
-def _layer_tensors(p: Preset, il: int) -> list[tuple[str, tuple[int, ...], bool, str]]:
+def _layer_tensors(p: Architecture, il: int) -> list[tuple[str, tuple[int, ...], bool, str]]:
     """(name, ne shape, quantizable, init) of layer `il`, as llama_model_qwen35moe::load_arch_tensors expects."""
     E, blk = p.hidden, f"blk.{il}."
     out = [
@@ -85,8 +87,8 @@ def _layer_tensors(p: Preset, il: int) -> list[tuple[str, tuple[int, ...], bool,
         (blk + "post_attention_norm.weight", (E,), False, "norm"),
     ]
     if il in p.attention_layers:
-        HD = p.n_head * p.head_dim
-        kv = p.n_head_kv * p.head_dim
+        HD = p.n_heads * p.head_dim
+        kv = p.n_kv_heads * p.head_dim
         out += [
             (blk + "attn_q.weight", (E, 2 * HD), True, "normal"),  # per head: query rows then gate rows
             (blk + "attn_k.weight", (E, kv), True, "normal"),
@@ -96,11 +98,11 @@ def _layer_tensors(p: Preset, il: int) -> list[tuple[str, tuple[int, ...], bool,
             (blk + "attn_k_norm.weight", (p.head_dim,), False, "norm"),
         ]
     else:
-        Vd, H = p.gdn_value_dim, p.gdn_value_heads
+        Vd, H = p.gdn_value_dim, p.gdn_v_heads
         out += [
-            (blk + "attn_qkv.weight", (E, p.gdn_conv_channels), True, "normal"),
+            (blk + "attn_qkv.weight", (E, p.conv_dim), True, "normal"),
             (blk + "attn_gate.weight", (E, Vd), True, "normal"),
-            (blk + "ssm_conv1d.weight", (p.conv_kernel, p.gdn_conv_channels), False, "conv"),
+            (blk + "ssm_conv1d.weight", (p.conv_kernel, p.conv_dim), False, "conv"),
             (blk + "ssm_dt.bias", (H,), False, "dt_bias"),
             (blk + "ssm_a", (H,), False, "ssm_a"),
             (blk + "ssm_beta.weight", (E, H), True, "normal"),
@@ -122,7 +124,7 @@ def _layer_tensors(p: Preset, il: int) -> list[tuple[str, tuple[int, ...], bool,
     return out
 
 
-def _validate(preset: str, qtype: str, tokenizer: str) -> Preset:
+def _validate(preset: str, qtype: str, tokenizer: str) -> Architecture:
     _check_choice("qtype", qtype, SUPPORTED_TYPES)
     _check_choice("tokenizer", tokenizer, TOKENIZERS)
     return get_preset(preset)
@@ -131,7 +133,7 @@ def _validate(preset: str, qtype: str, tokenizer: str) -> Preset:
 def plan(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "qwen35") -> SynthPlan:
     """The tensors of a synthetic model: matrices in `qtype`; norms, 1-D tensors, routers and conv weights in F32."""
     p = _validate(preset, qtype, tokenizer)
-    vocab = p.vocab_size  # the tokenizer is fitted to the preset's vocabulary, so it never changes the tensors
+    vocab = p.vocab  # the tokenizer is fitted to the preset's vocabulary, so it never changes the tensors
     specs = [("token_embd.weight", (p.hidden, vocab), True, "normal")]
     for il in range(p.n_layers):
         specs += _layer_tensors(p, il)
@@ -143,7 +145,7 @@ def plan(preset: str = "tiny", qtype: str = "Q8_0", tokenizer: str = "qwen35") -
             raise ValueError(f"{preset}: {name} rows of {shape[0]} do not fit {ggml_type} blocks")
         n_elements = int(np.prod(shape, dtype=np.int64))
         tensors.append(PlannedTensor(name, shape, ggml_type, n_bytes(ggml_type, n_elements), init))
-    return SynthPlan(preset=p, qtype=qtype, tokenizer=tokenizer, vocab_size=vocab, tensors=tuple(tensors))
+    return SynthPlan(preset=preset, arch=p, qtype=qtype, tokenizer=tokenizer, vocab_size=vocab, tensors=tuple(tensors))
 
 
 @cache
@@ -191,20 +193,20 @@ def fitted_qwen35_tokenizer(n_vocab: int) -> dict[str, object]:
 
 
 def _add_metadata(w: GGUFWriter, sp: SynthPlan, seed: int) -> None:
-    p = sp.preset
-    w.add_name(f"autoinfer synthetic qwen35moe {p.name} {sp.qtype}")
+    p = sp.arch
+    w.add_name(f"autoinfer synthetic qwen35moe {sp.preset} {sp.qtype}")
     w.add_quantization_version(GGML_QUANT_VERSION)
     w.add_context_length(p.context_length)
     w.add_embedding_length(p.hidden)
     w.add_block_count(p.n_layers)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
+    w.add_head_count(p.n_heads)
+    w.add_head_count_kv(p.n_kv_heads)
     w.add_key_length(p.head_dim)
-    w.add_value_length(p.head_dim)
+    w.add_value_length(p.value_dim)
     w.add_layer_norm_rms_eps(p.rms_eps)
     w.add_rope_dimension_count(p.rope_dims)
     w.add_rope_dimension_sections(list(p.rope_sections))
-    w.add_rope_freq_base(p.rope_base)
+    w.add_rope_freq_base(p.rope_theta)
     w.add_expert_count(p.n_experts)
     w.add_expert_used_count(p.n_experts_used)
     w.add_expert_feed_forward_length(p.expert_ffn)
@@ -212,8 +214,8 @@ def _add_metadata(w: GGUFWriter, sp: SynthPlan, seed: int) -> None:
     w.add_full_attention_interval(p.full_attention_interval)
     w.add_ssm_conv_kernel(p.conv_kernel)
     w.add_ssm_state_size(p.gdn_head_dim)
-    w.add_ssm_group_count(p.gdn_key_heads)
-    w.add_ssm_time_step_rank(p.gdn_value_heads)
+    w.add_ssm_group_count(p.gdn_k_heads)
+    w.add_ssm_time_step_rank(p.gdn_v_heads)
     w.add_ssm_inner_size(p.gdn_value_dim)
     if sp.tokenizer == "none":
         w.add_tokenizer_model("none")
@@ -230,7 +232,7 @@ def _add_metadata(w: GGUFWriter, sp: SynthPlan, seed: int) -> None:
         w.add_pad_token_id(tok["tokenizer.ggml.padding_token_id"])
         w.add_chat_template(tok["tokenizer.chat_template"])
     # Provenance: what made this file, so a result can be traced back to it.
-    w.add_string("autoinfer.synth.preset", p.name)
+    w.add_string("autoinfer.synth.preset", sp.preset)
     w.add_string("autoinfer.synth.qtype", sp.qtype)
     w.add_string("autoinfer.synth.tokenizer", sp.tokenizer)
     w.add_uint32("autoinfer.synth.seed", seed)

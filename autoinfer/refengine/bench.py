@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from autoinfer.refengine.config import ModelConfig
+from autoinfer.model.arch import Architecture
 from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
 from autoinfer.refengine.loader import load, torch_dtype
 from autoinfer.refengine.ops import gdn as gdn_ops
@@ -67,7 +67,7 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
-def bench_gdn(cfg: ModelConfig, tokens: int, device: torch.device, bw: float, reps: int) -> list[Row]:
+def bench_gdn(cfg: Architecture, tokens: int, device: torch.device, bw: float, reps: int) -> list[Row]:
     H, d = cfg.gdn_v_heads, cfg.gdn_head_dim
     gen = torch.Generator().manual_seed(0)
     q = F.normalize(torch.randn(tokens, H, d, generator=gen), dim=-1) / d**0.5
@@ -87,7 +87,7 @@ def bench_gdn(cfg: ModelConfig, tokens: int, device: torch.device, bw: float, re
     return rows
 
 
-def bench_moe(cfg: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device, bw: float,
+def bench_moe(cfg: Architecture, tokens: int, dtype: torch.dtype, device: torch.device, bw: float,
               reps: int) -> list[Row]:
     E, Fd, n, k = cfg.hidden, cfg.expert_ffn, cfg.n_experts, cfg.n_experts_used
     gen = torch.Generator().manual_seed(0)
@@ -111,7 +111,7 @@ def bench_moe(cfg: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.d
     return rows
 
 
-def decode_bytes(cfg: ModelConfig, engine: ReferenceEngine) -> int:
+def decode_bytes(cfg: Architecture, engine: ReferenceEngine) -> int:
     """Weights one decoded token must read: everything but the embedding table and the unused experts."""
     embed = engine.model.w.embed
     return (engine.other_bytes - embed.numel() * embed.element_size()
@@ -139,7 +139,7 @@ def bench_engine(model: Path, options: EngineOptions, n_prompt: int, n_gen: int,
     return rows
 
 
-def _bench_snapshots(cfg: ModelConfig, weights, options: EngineOptions, prompt: list[int], bw: float) -> Row:
+def _bench_snapshots(cfg: Architecture, weights, options: EngineOptions, prompt: list[int], bw: float) -> Row:
     """A second prompt sharing ¾ of the first resumes from a GDN/KV snapshot; its logits must equal a cold run's."""
     device = torch.device(options.device)
     shared = len(prompt) * 3 // 4
@@ -161,7 +161,7 @@ def _bench_snapshots(cfg: ModelConfig, weights, options: EngineOptions, prompt: 
                f"cold {cold_s * 1e3:.1f} ms; hits {st.hits}, misses {st.misses}, saved {st.time_saved_s:.3f} s")
 
 
-def _bench_variant(cfg: ModelConfig, weights, options: EngineOptions, prompt: list[int], n_gen: int, reps: int,
+def _bench_variant(cfg: Architecture, weights, options: EngineOptions, prompt: list[int], n_gen: int, reps: int,
                    bw: float, ref_logits: list[torch.Tensor]) -> list[Row]:
     engine = ReferenceEngine(cfg, weights, options)
     device = torch.device(options.device)

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from autoinfer.errors import UserError
+from autoinfer.model.arch import Architecture
 from autoinfer.refengine.cache.experts import ExpertCache, ResidentExperts, host_banks
 from autoinfer.refengine.cache.snapshots import SnapshotCache
-from autoinfer.refengine.config import ModelConfig
 from autoinfer.refengine.loader import ModelWeights, load, torch_dtype
 from autoinfer.refengine.model import Qwen35Moe
 from autoinfer.refengine.ops import gdn as gdn_ops
@@ -62,12 +62,12 @@ class EngineOptions:
             raise UserError(f"expert_slots must be ≥ 0 (got {self.expert_slots}); 0 keeps all experts resident")
 
 
-def expert_bytes(cfg: ModelConfig, dtype: str) -> int:
+def expert_bytes(cfg: Architecture, dtype: str) -> int:
     """Bytes of one routed expert (gate + up + down) in the compute dtype."""
     return 3 * cfg.hidden * cfg.expert_ffn * torch.tensor([], dtype=torch_dtype(dtype)).element_size()
 
 
-def non_expert_bytes(cfg: ModelConfig, dtype: str) -> int:
+def non_expert_bytes(cfg: Architecture, dtype: str) -> int:
     """Device bytes of everything but the routed experts, from the shapes (norms and routers are fp32)."""
     elt = torch.tensor([], dtype=torch_dtype(dtype)).element_size()
     E, D = cfg.hidden, cfg.head_dim
@@ -81,7 +81,7 @@ def non_expert_bytes(cfg: ModelConfig, dtype: str) -> int:
     return matrices * elt + small * 4
 
 
-def slots_for_budget(cfg: ModelConfig, dtype: str, budget_mib: float) -> int:
+def slots_for_budget(cfg: Architecture, dtype: str, budget_mib: float) -> int:
     """How many expert slots fit in a device budget after the non-expert weights; 0 if all experts fit."""
     other_bytes = non_expert_bytes(cfg, dtype)
     free = budget_mib * 2**20 - other_bytes
@@ -96,7 +96,7 @@ def slots_for_budget(cfg: ModelConfig, dtype: str, budget_mib: float) -> int:
 
 
 class ReferenceEngine:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, options: EngineOptions):
+    def __init__(self, cfg: Architecture, weights: ModelWeights, options: EngineOptions):
         options.check()
         if options.torch_threads:
             torch.set_num_threads(options.torch_threads)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from autoinfer.refengine.config import ARCH
+from autoinfer.model.arch import RUNNABLE_ARCH
 
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -126,7 +126,7 @@ def write_gguf(model, path: Path, dtype: str = "F32", tensors: dict[str, np.ndar
     cfg = model.config
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), ARCH)
+    w = gguf.GGUFWriter(str(path), RUNNABLE_ARCH)
     w.add_name("hf-reference-tiny")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)

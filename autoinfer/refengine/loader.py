@@ -1,4 +1,4 @@
-"""GGUF → ModelConfig + torch weights. Quantized tensors are dequantized into the dtype asked for, or (keep_quant)
+"""GGUF → Architecture + torch weights. Quantized tensors are dequantized into the dtype asked for, or (keep_quant)
 the matrices in Q8_0/Q4_K/Q6_K stay in their GGUF blocks as QuantWeight, read by the Triton kernels of ops/quant.
 
 Weights keep llama.cpp's conventions (the same ones convert_hf_to_gguf writes): norm weights are plain
@@ -9,7 +9,7 @@ torch's Linear (out, in) layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from autoinfer.errors import UserError
-from autoinfer.refengine.config import ARCH, ModelConfig
+from autoinfer.model.arch import RUNNABLE_ARCH, Architecture
+from autoinfer.model.gguf_info import read_info
 from autoinfer.refengine.ops.quant.qweight import BLOCKS, QuantWeight, from_gguf
 
 Matrix = torch.Tensor | QuantWeight  # a weight matrix: dense, or its GGUF blocks
@@ -116,28 +117,26 @@ def _field(reader, key: str):
     return None if field is None else field.contents()
 
 
-def read_config(path: Path) -> ModelConfig:
+def read_config(path: Path) -> Architecture:
     """Only the metadata: cheap, used to plan memory before loading anything."""
     reader = _open(path)
     cfg, _ = _config(reader, Path(path))
     return cfg
 
 
-def _config(reader, path: Path) -> tuple[ModelConfig, dict]:
+def _config(reader, path: Path) -> tuple[Architecture, dict]:
     arch = _field(reader, "general.architecture")
-    if arch != ARCH:
-        raise UserError(f"{path}: architecture is {arch!r}, the reference engine runs only {ARCH!r} models")
-    cfg = ModelConfig.from_metadata(lambda key: _field(reader, f"{ARCH}.{key}"), str(path))
+    if arch != RUNNABLE_ARCH:
+        raise UserError(f"{path}: architecture is {arch!r}, the reference engine runs only {RUNNABLE_ARCH!r} models")
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
-        raise UserError(f"{path}: tensor token_embd.weight is missing; the file is not a complete {ARCH} model")
-    vocab = int(tensors["token_embd.weight"].shape[-1])
-    if cfg.vocab and cfg.vocab != vocab:
-        raise UserError(f"{path}: {ARCH}.vocab_size {cfg.vocab} != token_embd rows {vocab}")
-    return replace(cfg, vocab=vocab), tensors
+        raise UserError(f"{path}: tensor token_embd.weight is missing; the file is not a complete {RUNNABLE_ARCH} model")
+    cfg = read_info(path).architecture
+    cfg.check_runnable(str(path))
+    return cfg, tensors
 
 
-def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(cfg: Architecture) -> dict[str, tuple[int, ...]]:
     """numpy (torch) shape of every tensor, for validation with a message that names the tensor."""
     E, V, F, Fs, n = cfg.hidden, cfg.vocab, cfg.expert_ffn, cfg.shared_ffn, cfg.n_experts
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -194,7 +193,7 @@ class _Reader:
 
         t = self.tensors.get(name)
         if t is None:
-            raise UserError(f"{self.path}: tensor {name} is missing; the file is not a complete {ARCH} model")
+            raise UserError(f"{self.path}: tensor {name} is missing; the file is not a complete {RUNNABLE_ARCH} model")
         want = self._shape(name, t)
         try:
             # Decoded on `device` (a GPU decodes a 35B model in seconds), returned on the CPU.
@@ -205,7 +204,7 @@ class _Reader:
 
 
 def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: bool = False,
-         keep_quant: bool = False) -> tuple[ModelConfig, ModelWeights]:
+         keep_quant: bool = False) -> tuple[Architecture, ModelWeights]:
     """Read a qwen35moe GGUF into CPU tensors. Norms, router, conv and decay parameters stay fp32.
     decode_on="cuda" dequantizes Q8_0/Q4_0 blocks on the GPU (the placement of the result is the engine's).
     pin_experts puts routed experts straight into pinned memory, so a model whose experts fill most of the host

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autoinfer.refengine.config import ModelConfig
+from autoinfer.model.arch import Architecture
 from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeights, MoeWeights
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
@@ -42,7 +42,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
 class Qwen35Moe:
     """Stateless over sequences: every call takes and updates a SequenceState."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, experts, *, gdn: str = "chunk", moe: str = "grouped"):
+    def __init__(self, cfg: Architecture, weights: ModelWeights, experts, *, gdn: str = "chunk", moe: str = "grouped"):
         self.cfg, self.w, self.experts = cfg, weights, experts
         self.gdn_fn, self.moe_fn = gdn_ops.get(gdn), moe_ops.get(moe)
         self.dtype, self.device = weights.embed.dtype, weights.embed.device

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autoinfer.refengine.config import ModelConfig
+from autoinfer.model.arch import Architecture
 
 
 @dataclass
@@ -54,7 +54,7 @@ class SequenceState:
     tokens: list[int] = field(default_factory=list)  # what has been consumed, for prefix snapshots
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, capacity: int = 256) -> "SequenceState":
+    def empty(cls, cfg: Architecture, device: torch.device, dtype: torch.dtype, capacity: int = 256) -> "SequenceState":
         layers: list[KVCache | GdnState] = []
         for i in range(cfg.n_layers):
             if cfg.is_attention(i):

@@ -28,16 +28,16 @@ from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
 from autoinfer.coordination import hardware
 from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig, capabilities
 from autoinfer.errors import UserError
+from autoinfer.model.memory import MemoryModel, Prediction
 from autoinfer.model.placement import (
     FOLLOW_LAYERS,
     PLACEMENT_KEYS,
-    MemoryModel,
-    ModelShape,
-    Prediction,
     cpu_expert_layers,
     layers_on_cpu,
+    parse_overrides,
     realize,
 )
+from autoinfer.model.shape import ModelShape
 from autoinfer.store import trials as store
 
 SHOWN_REASONS = 12  # the last trials whose choice `status` explains
@@ -318,7 +318,7 @@ class SearchAid:
             params["n_gpu_layers"] = ngl if ngl in (_allowed(self.campaign, "n_gpu_layers") or []) else max(
                 _allowed(self.campaign, "n_gpu_layers"))
         last = cpu_expert_layers("last", len(layers), shape.n_layers)
-        only_cpu = all(p.rpartition("=")[2].upper().startswith("CPU") for p in patterns)  # no per-GPU overrides
+        only_cpu = all(r.device is None for r in parse_overrides(patterns))  # no per-GPU overrides
         if only_cpu and set(last) == set(layers) and "last" in (_allowed(self.campaign, "placement") or []) \
                 and len(layers) in (_allowed(self.campaign, "cpu_expert_layers") or []):
             params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.placement import placement_bytes
 
 # Planted truth of the synthetic placement study (seconds per token, GB/s).
 T0_S, BW_CPU, BW_GPU = 0.002, 0.05, 0.5

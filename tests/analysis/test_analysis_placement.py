@@ -6,7 +6,7 @@ import pytest
 
 from autoinfer.errors import UserError
 from autoinfer.model.gguf_info import read_info
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.placement import placement_bytes
 
 
 @pytest.fixture(scope="module")

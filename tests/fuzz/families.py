@@ -17,7 +17,7 @@ from autoinfer.engines.replay import ReplayEngine
 from autoinfer.errors import UserError
 from autoinfer.model.gguf_header import GGUFFormatError, read_header
 from autoinfer.model.gguf_info import read_info
-from autoinfer.model.placement import shape_from_gguf
+from autoinfer.model.shape import shape_from_gguf
 
 VALID_CAMPAIGN = b"""name: fuzz
 engine: replay

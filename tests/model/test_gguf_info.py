@@ -36,12 +36,12 @@ def test_groups_sum_to_the_total_and_match_the_plan(tiny_q4k):
 
 def test_architecture_numbers(tiny_q4k):
     info = read_info(tiny_q4k)
-    p = plan("tiny", "Q4_K").preset
+    p = plan("tiny", "Q4_K").arch
     assert (info.arch, info.n_layers, info.n_experts, info.n_experts_used, info.hidden) == (
         "qwen35moe", p.n_layers, p.n_experts, p.n_experts_used, p.hidden)
     assert info.attention_layers == (3,)
-    assert (info.context_length, info.vocab_size) == (p.context_length, p.vocab_size)
-    assert info.metadata["qwen35moe.ssm.group_count"] == p.gdn_key_heads
+    assert (info.context_length, info.vocab_size) == (p.context_length, p.vocab)
+    assert info.metadata["qwen35moe.ssm.group_count"] == p.gdn_k_heads
     assert info.metadata["autoinfer.synth.preset"] == "tiny"
 
 

@@ -94,7 +94,7 @@ def _post(url: str, body: dict) -> dict:
 def test_qwen35_tokenizer_tokenizes_in_llama_server(llama_tools, tool_env):
     path = cached_model("tiny", "Q4_K", "qwen35")
     tokens = read_header(path, max_kept_array=1 << 24).metadata["tokenizer.ggml.tokens"]
-    assert read_info(path).vocab_size == len(tokens) == PRESETS["tiny"].vocab_size
+    assert read_info(path).vocab_size == len(tokens) == PRESETS["tiny"].vocab
     port = _free_port()
     argv = [llama_tools.tool("llama-server"), "-m", path, "--port", str(port), "-c", "256", "-t", "2", "-np", "1"]
     with IsolatedProcess(argv, env=tool_env) as server:
@@ -140,7 +140,7 @@ def test_fitted_tokenizer_keeps_the_preset_vocabulary():
 def test_plan_of_35b_a3b_matches_the_real_model():
     sp = plan("35b-a3b", "Q4_K")
     assert round(sp.n_params / 1e9, 2) == 34.66
-    top_k = sp.preset.n_experts_used / sp.preset.n_experts
+    top_k = sp.arch.n_experts_used / sp.arch.n_experts
     stack = sum(t.n_params * (top_k if "_exps" in t.name else 1) for t in sp.tensors
                 if t.name.startswith("blk."))
     head = next(t.n_params for t in sp.tensors if t.name == "output.weight")

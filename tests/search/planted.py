@@ -14,7 +14,9 @@ import pandas as pd
 
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import shape_path
-from autoinfer.model.placement import MemoryModel, ModelShape, TensorBytes, cpu_expert_layers
+from autoinfer.model.memory import MemoryModel
+from autoinfer.model.placement import cpu_expert_layers
+from autoinfer.model.shape import ModelShape, TensorBytes
 
 N_LAYERS = 40
 MIB = 1024 * 1024

@@ -9,15 +9,9 @@ import pytest
 
 from autoinfer.engines import base
 from autoinfer.engines.base import Outcome, RunContext, TrialConfig
-from autoinfer.model.placement import (
-    MemoryModel,
-    cpu_expert_layers,
-    expert_override,
-    layers_on_cpu,
-    realize,
-    shape_from_gguf,
-)
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.memory import MemoryModel
+from autoinfer.model.placement import cpu_expert_layers, expert_override, layers_on_cpu, placement_bytes, realize
+from autoinfer.model.shape import shape_from_gguf
 
 from .planted import shape_35b
 

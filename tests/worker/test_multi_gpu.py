@@ -16,15 +16,16 @@ from autoinfer.coordination import hardware, worker
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args_for, server_args
 from autoinfer.errors import UserError
+from autoinfer.model.memory import MemoryModel
 from autoinfer.model.placement import (
     EXPERT_TENSORS,
-    MemoryModel,
-    ModelShape,
+    device_bytes,
     gpu_expert_override,
+    layer_devices,
+    placement_bytes,
     realize,
-    shape_from_gguf,
 )
-from autoinfer.model.placement_bytes import device_bytes, layer_devices, placement_bytes
+from autoinfer.model.shape import ModelShape, shape_from_gguf
 
 H200X2 = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "h200x2-35b-experts.csv"
 

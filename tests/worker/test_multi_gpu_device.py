@@ -13,8 +13,8 @@ from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.measure.gpu import list_gpus
-from autoinfer.model.placement import cpu_expert_layers, expert_override, realize, shape_from_gguf
-from autoinfer.model.placement_bytes import placement_bytes
+from autoinfer.model.placement import cpu_expert_layers, expert_override, placement_bytes, realize
+from autoinfer.model.shape import shape_from_gguf
 from autoinfer.model.synth import cached_model
 
 pytestmark = pytest.mark.skipif(len(list_gpus()) < 2 or min((g.memory_total_mib for g in list_gpus()), default=0)

@@ -1,0 +1,188 @@
+"""How much device memory (or, on a CPU-only build, RAM) a configuration needs at its peak.
+
+The memory model adds what a configuration puts in device memory: weights (byte accounting from
+autoinfer.model.placement), KV cache and recurrent state for the context, compute buffers that grow with ubatch, and
+the staging copy of host-resident experts that op offload makes during prompt processing. It starts from these
+physical estimates and is calibrated online (Bayesian linear regression) from the peaks measured by finished
+trials, so its error shrinks as the campaign runs and is always reported. On several GPUs it predicts each GPU's
+peak (a per-GPU budget binds on the fullest one): the same terms per device, with the layers cut by the tensor
+split as llama.cpp cuts them, and one calibration fitted to every GPU's measured peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from autoinfer.model.placement import (
+    device_bytes,
+    first_gpu_layer,
+    layer_devices,
+    layers_on_cpu,
+    ncmoe_patterns,
+    placement_bytes,
+    realize,
+    split_shares,
+)
+from autoinfer.model.shape import ModelShape
+from autoinfer.trial_config import TrialConfig
+
+MIB = 1024 * 1024
+OP_OFFLOAD_MIN_BATCH = 32  # GGML_OP_OFFLOAD_MIN_BATCH: from this ubatch on, host experts are copied to the GPU
+
+# Bytes per element of the KV cache types (ggml block size 32 for the quantized ones).
+KV_BYTES = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+            "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+
+Side = Literal["device", "host"]
+FEATURES = ("weights", "cache", "compute", "offload_copy", "overhead")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """On several GPUs: the fullest GPU's prediction, with every GPU's mean in `per_device`."""
+
+    mib: float
+    std_mib: float  # predictive standard deviation: prior uncertainty shrunk by the measured trials
+    parts: dict[str, float]  # MiB per feature, before calibration
+    per_device: tuple[float, ...] = ()
+
+    def over(self, budget_mib: float, z: float) -> bool:
+        """Confidently over the budget: even `z` standard deviations below the prediction does not fit."""
+        return self.mib - z * self.std_mib > budget_mib
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Posterior of the per-feature coefficients; `loo_rel_error` is the leave-one-out median |error|/measured."""
+
+    mean: tuple[float, ...]
+    cov: tuple[tuple[float, ...], ...]
+    noise_mib: float
+    n: int
+    loo_rel_error: float | None
+
+
+class MemoryModel:
+    """Predicts the peak memory of a configuration on one side (device memory, or RAM for a CPU-only build)."""
+
+    # Prior: each physical term counts once; a fixed overhead (CUDA context, runtime libraries) on top.
+    PRIOR_SCALE = (0.15, 0.5, 1.0, 1.0, 400.0)  # prior standard deviations of the coefficients (overhead in MiB)
+
+    def __init__(self, shape: ModelShape, side: Side = "device", n_devices: int = 1) -> None:
+        self.shape = shape
+        self.side = side
+        self.n_devices = n_devices if side == "device" else 1
+        self.prior_mean = np.array([1.0, 1.0, 1.0, 1.0, 300.0 if side == "device" else 16.0])
+        self.calibration = Calibration(tuple(self.prior_mean), tuple(map(tuple, np.diag(np.square(self.PRIOR_SCALE)))),
+                                       noise_mib=32.0, n=0, loo_rel_error=None)
+        self._features = lru_cache(maxsize=4096)(self._compute_features)
+
+    # -- features ---------------------------------------------------------------------------------------
+    def features(self, config: TrialConfig) -> np.ndarray:
+        """One row of features per device (a single row on one GPU or on the host side)."""
+        split = config.get("tensor_split")
+        shares = split_shares(split) if split else (1.0,) * self.n_devices
+        key = (config.n_gpu_layers, config.n_cpu_moe, tuple(realize(config, self.shape.n_layers).override_tensors),
+               config.ubatch, config.batch, config.type_k, config.type_v, config.flash_attn,
+               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0), shares)
+        return self._features(key)
+
+    def _compute_features(self, key: tuple[Any, ...]) -> np.ndarray:
+        ngl, ncmoe, overrides, ubatch, batch, type_k, type_v, flash_attn, n_ctx, shares = key
+        s = self.shape
+        gpu = self.side == "device"
+        n_ctx = 256 * math.ceil(max(n_ctx, 1) / 256)  # llama_context pads the context to 256
+        kv_per_token = s.n_head_kv * (s.key_length * KV_BYTES.get(type_k, 2.0) + s.value_length * KV_BYTES.get(type_v, 2.0))
+        ub = max(1, min(ubatch, batch))
+        scores = 0 if flash_attn == "on" else 4 * s.n_head * n_ctx
+        per_token = 4 * (s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)  # logits: output's device
+        offload_copy = 0.0
+        if gpu and ub >= OP_OFFLOAD_MIN_BATCH:
+            cpu_layers = layers_on_cpu([*overrides, *ncmoe_patterns(ncmoe)],
+                                       s.tensor_names)
+            per_layer = {}
+            for t in s.tensors:
+                if t.group == "routed_experts" and t.layer in cpu_layers:
+                    per_layer[t.layer] = max(per_layer.get(t.layer, 0), t.n_bytes)
+            offload_copy = max(per_layer.values(), default=0)
+
+        def cache_of(layers: list[int]) -> float:
+            n_attention = sum(1 for i in layers if i in s.attention_layers)
+            return n_ctx * kv_per_token * n_attention + s.recurrent_state_bytes * (len(layers) - n_attention)
+
+        if self.n_devices == 1:
+            weights = placement_bytes(s, ngl, ncmoe, overrides, gpu=gpu)
+            first_gpu = first_gpu_layer(ngl, s.n_layers)
+            cache = cache_of([i for i in range(s.n_layers) if not gpu or i >= first_gpu])
+            compute = ub * (per_token + 4 * s.vocab + scores)
+            return np.array([[weights.gpu_bytes if gpu else weights.cpu_bytes + weights.gpu_bytes,
+                              cache, compute, offload_copy, MIB]]) / MIB
+        devices = layer_devices(s.n_layers, ngl, shares)
+        weights_k = device_bytes(s, ngl, ncmoe, overrides, shares)
+        rows = []
+        for k in range(len(shares)):
+            cache = cache_of([i for i in range(s.n_layers) if devices[i] == k])
+            compute = ub * (per_token + scores + (4 * s.vocab if devices[s.n_layers] == k else 0))
+            rows.append([weights_k[k], cache, compute, offload_copy if k == 0 else 0.0, MIB])
+        return np.array(rows) / MIB
+
+    # -- prediction and calibration -------------------------------------------------------------------------
+    def predict(self, config: TrialConfig) -> Prediction:
+        rows = self.features(config)
+        c = self.calibration
+        mean, cov = np.array(c.mean), np.array(c.cov)
+        means = rows @ mean
+        x = rows[int(np.argmax(means))]
+        var = c.noise_mib ** 2 + float(x @ cov @ x)
+        return Prediction(float(x @ mean), math.sqrt(var), {k: float(v) for k, v in zip(FEATURES[:-1], x[:-1])},
+                          tuple(float(m) for m in means) if len(rows) > 1 else ())
+
+    def calibrate(self, observations: Sequence[tuple[TrialConfig, float | Sequence[float]]]) -> Calibration:
+        """Refit the coefficients to measured peaks (MiB: one per trial, or one per GPU on several GPUs); keeps the
+        prior where the data say nothing."""
+        obs = []
+        for config, peaks in observations:
+            rows = self.features(config)
+            values = [peaks] if isinstance(peaks, (int, float)) or peaks is None else list(peaks)
+            if len(values) == len(rows):
+                obs += [(x, float(y)) for x, y in zip(rows, values) if y is not None and y > 0]
+        if not obs:
+            return self.calibration
+        X = np.array([x for x, _ in obs])
+        y = np.array([v for _, v in obs])
+        noise = self._noise(X, y)
+        mean, cov = self._posterior(X, y, noise)
+        self.calibration = Calibration(tuple(mean), tuple(map(tuple, cov)), noise, len(obs), self._loo(X, y, noise))
+        return self.calibration
+
+    def _posterior(self, X: np.ndarray, y: np.ndarray, noise: float) -> tuple[np.ndarray, np.ndarray]:
+        prior_precision = np.diag(1.0 / np.square(self.PRIOR_SCALE))
+        precision = prior_precision + X.T @ X / noise ** 2
+        cov = np.linalg.inv(precision)
+        mean = cov @ (prior_precision @ self.prior_mean + X.T @ y / noise ** 2)
+        return mean, cov
+
+    def _noise(self, X: np.ndarray, y: np.ndarray) -> float:
+        """Measurement noise: at least 1 MiB or 1% of the peak (5% while there are too few trials to fit it);
+        larger when the residuals of a fit say so."""
+        floor = max(1.0, 0.01 * float(np.median(y)))
+        if len(y) <= X.shape[1]:
+            return max(floor, 0.05 * float(np.median(y)))
+        mean, _ = self._posterior(X, y, floor)
+        resid = y - X @ mean
+        return max(floor, float(np.sqrt(np.mean(resid ** 2))))
+
+    def _loo(self, X: np.ndarray, y: np.ndarray, noise: float) -> float | None:
+        if len(y) < 2:
+            return None
+        errors = []
+        for i in range(len(y)):
+            keep = np.arange(len(y)) != i
+            mean, _ = self._posterior(X[keep], y[keep], noise)
+            errors.append(abs(float(X[i] @ mean) - y[i]) / y[i])
+        return float(np.median(errors))
