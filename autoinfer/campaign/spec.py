@@ -7,17 +7,15 @@ anything is stored.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Mapping, Union
 
 import optuna
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoinfer.campaign.yaml_loader import load_yaml
-from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
+from autoinfer.engines.knobs import Knob, with_placement
 from autoinfer.errors import UserError
-from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
 from autoinfer.model.resolve import SYNTH_PREFIX
 from autoinfer.store import trials
 
@@ -280,41 +278,6 @@ class Campaign(_Strict):
         return cls.model_validate(json.loads(text))
 
 
-_VALUE_CHECKS: dict[str, tuple[str, ...]] = {
-    "type_k": KV_TYPES,
-    "type_v": KV_TYPES,
-    "flash_attn": FLASH_ATTN,
-    "load_mode": LOAD_MODES,
-    "placement": PATTERNS,
-}
-
-
-def _int_in(low: int, high: int | None) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v and (high is None or v <= high)
-
-
-_SPLIT = re.compile(r"\d+(\.\d+)?(/\d+(\.\d+)?)+")  # a share per GPU, llama.cpp's "3/1"
-
-# llama-bench priority, thread placement and GPU split (engines.llama_common.BENCH_EXTRAS) and the per-GPU expert
-# split, with what each value must be: a bad one fails here, before the first trial, instead of as a trial
-# llama.cpp rejects.
-_KNOB_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "prio": (_int_in(-1, 3), "an integer from -1 (low) to 3 (realtime)"),
-    "cpu_mask": (lambda v: isinstance(v, str) and re.fullmatch(r"(0x)?[0-9a-fA-F]+", v) is not None,
-                 'a quoted hex CPU mask such as "0x3" (unquoted, YAML reads 0x3 as the number 3)'),
-    "cpu_strict": (lambda v: v in (0, 1), "0, 1, true or false"),
-    "delay": (_int_in(0, None), "a whole number of seconds, 0 or more"),
-    "poll": (_int_in(0, 100), "an integer from 0 to 100"),
-    "split_mode": (lambda v: v in ("none", "layer", "row", "tensor"), "none, layer, row or tensor"),
-    "tensor_split": (lambda v: isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
-                     'a quoted share per GPU separated by "/", such as "3/1"'),
-    "expert_split": (lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
-                     f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
-    "main_gpu": (_int_in(0, None), "a GPU index, 0 or more"),
-    "repack": (lambda v: v in (0, 1), "0 or 1 (weight repacking off or on), or false/true"),
-}
-
-
 def _values(spec: ParamSpec) -> list[Any]:
     if isinstance(spec, list):
         return spec
@@ -325,57 +288,31 @@ def _values(spec: ParamSpec) -> list[Any]:
 
 def engines_with(name: str) -> list[str]:
     """Engines whose fixed parameter set includes `name` (engines whose set depends on their options are left out)."""
-    import importlib
-
     from autoinfer.engines import base
 
-    found = []
-    for engine, module in base.ENGINE_MODULES.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue
-        supported = getattr(base._FACTORIES.get(engine), "supported", None)
-        if isinstance(supported, frozenset) and (name in supported or (
-                "override_tensors" in supported and name in PLACEMENT_KEYS)):
-            found.append(engine)
-    return found
+    return [engine for engine in base.ENGINE_MODULES
+            if (knobs := base.knobs_of(engine)) is not None and name in with_placement(knobs)]
 
 
-def check_space(campaign: Campaign, supported: frozenset[str]) -> None:
-    """Every parameter must be one the engine understands and every value one it accepts."""
-    if "override_tensors" in supported:  # placement parameters become tensor overrides
-        supported = supported | frozenset(PLACEMENT_KEYS)
+def check_space(campaign: Campaign, knobs: Mapping[str, Knob]) -> None:
+    """Every parameter must be one the engine takes and every value one it accepts (engines.knobs)."""
+    knobs = with_placement(knobs)
     for name, spec in campaign.space.items():
         where = f"space.{name}"
         if name == "model":
             raise UserError(f"{where}: list model files under the top-level key 'model', not in space")
-        if name not in supported:
+        if name not in knobs:
             others = engines_with(name)
             raise UserError(
                 f"{where}: engine {campaign.engine!r} has no parameter {name!r}; "
-                f"it supports: {', '.join(sorted(supported - {'model'}))}"
+                f"it supports: {', '.join(sorted(set(knobs) - {'model'}))}"
                 + (f"; engines that have {name!r}: {', '.join(others)}" if others else "")
             )
         if isinstance(spec, list) and not spec:
             raise UserError(f"{where}: empty list; give at least one value")
-        allowed = _VALUE_CHECKS.get(name)
-        if allowed:
-            bad = [v for v in _values(spec) if str(v) not in allowed]
-            if bad:
-                raise UserError(f"{where}: {bad[0]!r} is not one of {', '.join(allowed)}")
-        if name in _KNOB_CHECKS:
-            valid, what = _KNOB_CHECKS[name]
-            bad = [v for v in _values(spec) if not valid(v)]
-            if bad:
-                raise UserError(f"{where}: {bad[0]!r} is not valid; give {what}")
-        numeric = TrialConfig.field_names() - {"model", "override_tensors"} | {"cpu_expert_layers"}
-        if name in numeric and name not in _VALUE_CHECKS:
-            for v in _values(spec):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise UserError(f"{where}: {v!r} is not a number")
-                if v < 0:
-                    raise UserError(f"{where}: {v!r} is negative")
+        for value in _values(spec):
+            if (problem := knobs[name].problem(value)) is not None:
+                raise UserError(f"{where}: {problem}")
 
 
 def _pydantic_message(exc: ValidationError) -> str:

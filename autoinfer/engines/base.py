@@ -14,8 +14,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+from autoinfer.engines.knobs import Knob
 from autoinfer.errors import UserError
 from autoinfer.model.shape import ModelShape, shape_from_gguf
 from autoinfer.trial_config import TrialConfig
@@ -39,11 +40,6 @@ class Outcome(str, Enum):
     def is_memory(self) -> bool:
         """Outcomes recorded as infeasible through Optuna's constraint mechanism."""
         return self in (Outcome.OOM, Outcome.INFEASIBLE, Outcome.PREDICTED_INFEASIBLE)
-
-
-FLASH_ATTN = ("auto", "on", "off")
-KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-LOAD_MODES = ("mmap", "none", "mlock", "mmap+mlock", "dio")
 
 
 @dataclass(frozen=True)
@@ -123,8 +119,9 @@ class Engine(ABC):
     it has, so nothing outside engines/ has to probe an engine for what it can do."""
 
     name: str
-    #: TrialConfig field names and `extra` knobs this engine understands; others fail campaign validation.
-    supported: frozenset[str]
+    #: The TrialConfig fields and `extra` knobs this engine understands, with the values each accepts; other
+    #: parameters and values fail campaign validation (engines.knobs).
+    knobs: Mapping[str, Knob]
     #: GPUs the measurements come from when that is not this machine's (a replay table measured on several).
     n_gpus: int | None = None
     #: The llama.cpp build the engine runs (for tools the loop runs beside it, e.g. the quality check); None if none.
@@ -202,8 +199,18 @@ def capabilities(name: str) -> Capabilities:
     return CAPABILITIES[name]
 
 
-def create(name: str, **options: Any) -> Engine:
-    """Instantiate an engine by its campaign-file name."""
+def knobs_of(name: str) -> Mapping[str, Knob] | None:
+    """The knobs of an engine by name, without creating it; None when they depend on its options (a replay table's
+    columns) or its module cannot be imported here."""
+    try:
+        factory = _factory(name)
+    except UserError:
+        return None
+    knobs = getattr(factory, "knobs", None)
+    return knobs if isinstance(knobs, Mapping) else None
+
+
+def _factory(name: str) -> Callable[..., Engine]:
     if name not in ENGINE_MODULES:
         raise UserError(f"unknown engine {name!r}: use one of {', '.join(ENGINE_MODULES)}")
     if name not in _FACTORIES:
@@ -213,7 +220,12 @@ def create(name: str, **options: Any) -> Engine:
             importlib.import_module(ENGINE_MODULES[name])
         except ModuleNotFoundError as exc:
             raise UserError(f"engine {name!r} is not available: {exc}; install its extra") from exc
-    factory = _FACTORIES[name]
+    return _FACTORIES[name]
+
+
+def create(name: str, **options: Any) -> Engine:
+    """Instantiate an engine by its campaign-file name."""
+    factory = _factory(name)
     try:
         inspect.signature(factory).bind(**options)
     except TypeError:

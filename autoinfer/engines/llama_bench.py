@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.llama_common import BENCH_EXTRAS, LlamaToolsEngine, bench_args, classify_failure
+from autoinfer.engines.knobs import BENCH_KNOBS, MULTI_GPU_KNOBS, TRIAL_KNOBS
+from autoinfer.engines.llama_common import LlamaToolsEngine, bench_args, classify_failure
 from autoinfer.measure.process import run_isolated
 
 #: Fields of a llama-bench record that describe the build and machine rather than the configuration.
@@ -124,7 +125,7 @@ class LlamaBenchEngine(LlamaToolsEngine):
 
     name = "llama-bench"
     binary = "llama-bench"
-    supported = TrialConfig.field_names() | frozenset(BENCH_EXTRAS)
+    knobs = {**TRIAL_KNOBS, **BENCH_KNOBS, **MULTI_GPU_KNOBS}
 
     def command(self, config: TrialConfig) -> list[str]:
         """The argv of one trial: -v so llama.cpp's own error lines reach stderr (see llama_common)."""

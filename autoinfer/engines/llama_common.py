@@ -131,7 +131,7 @@ class LlamaToolsEngine(Engine):
 
     def decisions(self) -> tuple[Decision, ...]:
         """Repack off on a build whose smoke run crashed with weight repacking on."""
-        if self.tools.repack_off and "repack" in getattr(self, "supported", frozenset()):
+        if self.tools.repack_off and "repack" in self.knobs:
             return (Decision("repack", 0, self.tools.decision),)
         return ()
 

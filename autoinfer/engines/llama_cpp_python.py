@@ -21,17 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.knobs import BENCH_KNOBS, FLAG, TRIAL_KNOBS, choice, count
 from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, server_context
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
 from autoinfer.paths import cache_dir
 
 CHILD_MODULE = "autoinfer.engines.llama_cpp_python_child"
-#: TrialConfig fields Llama() can express, and the extra knobs it has beyond them.
-SUPPORTED_FIELDS = frozenset({"model", "n_gpu_layers", "threads", "batch", "ubatch", "type_k", "type_v",
-                              "flash_attn", "load_mode", "n_prompt", "n_gen", "repetitions"})
-EXTRAS = frozenset({"threads_batch", "op_offload", "offload_kqv", "ctx_size", "repack"})
 _LOAD_MODES = {"mmap": (True, False), "none": (False, False), "mlock": (False, True), "mmap+mlock": (True, True)}
+#: The TrialConfig fields Llama() can express, and the knobs it has beyond them.
+KNOBS = {**{name: knob for name, knob in TRIAL_KNOBS.items() if name not in ("n_cpu_moe", "override_tensors")},
+         "load_mode": choice(*_LOAD_MODES), "threads_batch": count(), "op_offload": FLAG, "offload_kqv": FLAG,
+         "ctx_size": count(), "repack": BENCH_KNOBS["repack"]}
 #: ggml_type enum values (stable ABI; the bindings lack GGML_TYPE_BF16).
 _GGML_TYPE_IDS = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
 
@@ -85,7 +86,7 @@ class LlamaCppPythonEngine(LlamaToolsEngine):
     """Measures `llama_cpp.Llama` in an isolated child process."""
 
     name = "llama-cpp-python"
-    supported = SUPPORTED_FIELDS | EXTRAS
+    knobs = KNOBS
 
     def __init__(self, llama_bin: Path | str | None = None, library: str = "build") -> None:
         if library not in ("build", "package"):

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.knobs import BENCH_KNOBS, MULTI_GPU_KNOBS, TRIAL_KNOBS, count
 from autoinfer.engines.llama_common import (
-    MULTI_GPU_EXTRAS,
     LlamaToolsEngine,
     classify_failure,
     server_args,
@@ -33,7 +33,8 @@ from autoinfer.measure.process import IsolatedProcess
 
 #: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and
 #: the split over several GPUs.
-SERVER_EXTRAS = frozenset({"threads_batch", "ctx_size", "parallel", "repack", *MULTI_GPU_EXTRAS})
+SERVER_KNOBS = {"threads_batch": count(), "ctx_size": count(), "parallel": count(), "repack": BENCH_KNOBS["repack"],
+                **MULTI_GPU_KNOBS}
 PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 _POLL_S = 0.05
 _WARMUP_TOKENS = (8, 2)  # prompt and generated tokens of the warm-up request
@@ -159,7 +160,7 @@ class LlamaServerEngine(LlamaToolsEngine):
 
     name = "llama-server"
     binary = "llama-server"
-    supported = TrialConfig.field_names() | SERVER_EXTRAS
+    knobs = {**TRIAL_KNOBS, **SERVER_KNOBS}
 
     def command(self, config: TrialConfig, port: int) -> list[str]:
         """llama-server argv: the shared flags, the context sized for every slot, the slots, the address."""

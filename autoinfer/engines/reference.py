@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.knobs import ANY, TRIAL_KNOBS
 from autoinfer.engines.llama_common import classify_failure
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
@@ -54,7 +55,8 @@ def _error_line(stderr: str) -> str:
 @register("reference")
 class ReferenceEngineRunner(Engine):
     name = "reference"
-    supported = frozenset({"model", "n_prompt", "n_gen", "repetitions", "prefetch", *KNOBS})
+    knobs = {**{name: TRIAL_KNOBS[name] for name in ("model", "n_prompt", "n_gen", "repetitions")},
+             **dict.fromkeys(("prefetch", *KNOBS), ANY)}
 
     def check(self) -> None:
         import importlib.util

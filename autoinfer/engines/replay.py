@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
+from autoinfer.engines.knobs import ANY, LLAMA_KNOBS
 from autoinfer.errors import UserError
 from autoinfer.model.shape import ModelShape
 
@@ -124,7 +125,7 @@ class ReplayEngine(Engine):
         self.table_path = Path(table)
         self.df = read_table(self.table_path)
         self.params = parameter_columns(self.df)
-        self.supported = frozenset(self.params)
+        self.knobs = {name: LLAMA_KNOBS.get(name, ANY) for name in self.params}
         #: GPUs the table was measured on (its per-GPU peak columns); the memory model predicts each of them.
         self.n_gpus = sum(1 for c in self.df.columns if PER_GPU_COLUMN.fullmatch(c)) or None
         self.match = match

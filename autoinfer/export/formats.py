@@ -54,7 +54,7 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
     config = best.config
     unset = TrialConfig(config.model).to_params()
     lacking = [f"{name}={value!r}" for name, value in config.to_params().items()
-               if name not in LlamaCppPythonEngine.supported and value != unset.get(name)]
+               if name not in LlamaCppPythonEngine.knobs and value != unset.get(name)]
     if config.flash_attn == "auto" and not capabilities(engine).python_settings:
         lacking.append("flash_attn='auto'")
     if lacking:

@@ -127,7 +127,7 @@ class SearchAid:
         if fit is not None:
             extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
             return config.with_(override_tensors=tuple(fit), extra=extra)
-        if "placement" in self.engine.supported or "cpu_expert_layers" in self.engine.supported:
+        if "placement" in self.engine.knobs or "cpu_expert_layers" in self.engine.knobs:
             return config
         shape = self.shapes.get(str(config.model))
         if shape is None:

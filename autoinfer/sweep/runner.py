@@ -204,7 +204,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     name = study_name or campaign.name
     url = storage or default_storage()
     engine = base.create(campaign.engine, **campaign.engine_options)
-    check_space(campaign, engine.supported)
+    check_space(campaign, engine.knobs)
     dists = distributions(campaign)  # every range checked before the engine builds or loads anything
     if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
         hardware.check_vram_budget(campaign)

@@ -9,11 +9,11 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, load_campaign, parse_campaign
-from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.knobs import TRIAL_KNOBS
 from autoinfer.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
-SUPPORTED = TrialConfig.field_names()
+SUPPORTED = TRIAL_KNOBS
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -56,7 +56,7 @@ def test_campaign_asking_for_expert_placement_fails_validation(knob, value):
     campaign = parse_campaign({"name": "c", "engine": "llama-cpp-python", "model": "m.gguf", "space": {knob: value}})
     engine_cls = type(create("llama-cpp-python"))
     with pytest.raises(UserError) as err:
-        check_space(campaign, engine_cls.supported)
+        check_space(campaign, engine_cls.knobs)
     message = str(err.value)
     assert f"space.{knob}" in message and "'llama-cpp-python' has no parameter" in message
     assert "llama-bench" in message and "llama-server" in message  # where the knob exists

@@ -24,12 +24,12 @@ from .helpers import context, trial
 
 def test_every_llama_engine_declares_the_knob_and_the_campaign_checks_its_values():
     for engine in (LlamaBenchEngine, LlamaServerEngine, LlamaCppPythonEngine):
-        assert "repack" in engine.supported
+        assert "repack" in engine.knobs
     good = parse_campaign({"name": "c", "model": "m.gguf", "space": {"repack": [0, 1]}})
-    check_space(good, LlamaBenchEngine.supported)
+    check_space(good, LlamaBenchEngine.knobs)
     bad = parse_campaign({"name": "c", "model": "m.gguf", "space": {"repack": [0, 2]}})
     with pytest.raises(UserError, match="space.repack: 2 is not valid; give 0 or 1"):
-        check_space(bad, LlamaBenchEngine.supported)
+        check_space(bad, LlamaBenchEngine.knobs)
 
 
 def test_the_binaries_get_the_flag_their_help_lists(llama_tools, tiny_model):

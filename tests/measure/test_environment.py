@@ -134,4 +134,4 @@ def test_bad_thread_knob_is_refused_before_any_trial(llama_tools, tiny_model, na
     campaign = _campaign(llama_tools, tiny_model, {name: value})
     engine = create("llama-bench", llama_bin=llama_tools.bin_dir)
     with pytest.raises(UserError, match=rf"space\.{name}: .*{message}"):
-        check_space(campaign, engine.supported)
+        check_space(campaign, engine.knobs)

@@ -31,7 +31,7 @@ def _config(row: pd.Series, repetitions: int = 5) -> TrialConfig:
 def test_replay_reproduces_the_table(planted, tmp_path):
     df = pd.read_csv(planted)
     engine = base.create("replay", table=str(planted), seed=1)
-    assert engine.supported == frozenset({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
+    assert set(engine.knobs) == set({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
     for index in range(0, len(df), 37):
         row = df.iloc[index]
         m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
@@ -54,7 +54,7 @@ def test_per_gpu_peaks_replay_and_are_not_parameters(planted, tmp_path):
     two = tmp_path / "two-gpus.csv"
     df.assign(vram_gpu0_mib=df.vram_mib, vram_gpu1_mib=df.vram_mib / 2).to_csv(two, index=False)
     engine = base.create("replay", table=str(two))
-    assert engine.supported == frozenset({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
+    assert set(engine.knobs) == set({"n_gpu_layers", "placement", "cpu_expert_layers", "ubatch"})
     row = df.iloc[5]
     m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
     assert m.vram_per_gpu_mib == (row.vram_mib, row.vram_mib / 2) and m.vram_peak_mib == row.vram_mib

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.knobs import TRIAL_KNOBS
 from autoinfer.errors import UserError
 
 
@@ -14,7 +14,7 @@ def test_defaults_and_pareto_objective():
                         "space": {"placement": ["first", "last"], "cpu_expert_layers": {"low": 0, "high": 8}}})
     assert c.search.informed and c.search.skip_predicted and c.search.prune_below == 0.5
     assert c.objective_weights() == {"tg": 0.5, "pp": 0.5}
-    check_space(c, TrialConfig.field_names())  # placement keys are fine for engines that take overrides
+    check_space(c, TRIAL_KNOBS)  # placement keys are fine for engines that take overrides
 
 
 @pytest.mark.parametrize("data, needle", [
@@ -35,4 +35,4 @@ def test_bad_search_keys(data, needle):
 def test_bad_placement_values(space, needle):
     c = parse_campaign({"name": "x", "model": "a.gguf", "space": space})
     with pytest.raises(UserError, match=needle):
-        check_space(c, TrialConfig.field_names())
+        check_space(c, TRIAL_KNOBS)

@@ -14,7 +14,8 @@ from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, parse_campaign
 from autoinfer.coordination import hardware, worker
 from autoinfer.engines.base import TrialConfig
-from autoinfer.engines.llama_common import BENCH_EXTRAS, bench_args_for, server_args
+from autoinfer.engines.llama_bench import LlamaBenchEngine
+from autoinfer.engines.llama_common import bench_args_for, server_args
 from autoinfer.errors import UserError
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.placement import (
@@ -29,8 +30,6 @@ from autoinfer.model.shape import ModelShape, shape_from_gguf
 
 H200X2 = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "h200x2-35b-experts.csv"
 
-BENCH_SUPPORTED = TrialConfig.field_names() | frozenset(BENCH_EXTRAS)
-
 
 def campaign(**space):
     return parse_campaign({"name": "x", "model": "/m/a.gguf", "space": {"n_cpu_moe": [0, 8], **space}})
@@ -41,7 +40,7 @@ def test_split_knobs_are_searched_only_with_several_gpus():
     assert hardware.multi_gpu_space(c, n_gpus=1) == c
     assert hardware.multi_gpu_space(c) == c  # this machine: CPU only
     two = hardware.multi_gpu_space(c, n_gpus=2)
-    check_space(two, BENCH_SUPPORTED)
+    check_space(two, LlamaBenchEngine.knobs)
     dists = distributions(two)
     assert "split_mode" not in dists  # llama.cpp's default (layer): row and tensor fail on qwen35moe (see hardware)
     assert dists["tensor_split"] == CategoricalDistribution(["1/1", "2/1", "1/2"])
@@ -70,7 +69,7 @@ def test_split_knobs_become_flags():
 ])
 def test_bad_split_values_name_the_key(space, needle):
     with pytest.raises(UserError, match=needle):
-        check_space(campaign(**space), BENCH_SUPPORTED)
+        check_space(campaign(**space), LlamaBenchEngine.knobs)
 
 
 def test_expert_split_gives_each_gpu_a_contiguous_run_of_device_experts():
