@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.replay import shape_path
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.model.placement import realize
 from autoinfer.model.resolve import resolve_model
 from autoinfer.model.shape import shape_from_gguf

@@ -16,10 +16,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_common import bench_args
 from autoinfer.llama.build import find_tools
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.process import run_isolated
 from autoinfer.model.placement import realize
 from autoinfer.model.resolve import resolve_model

@@ -34,16 +34,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from autoinfer.coordination.hardware import measured_gpus, visible_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
+from autoinfer.engines.llama_common import parse_fit_params
 from autoinfer.llama.build import find_tools
-from autoinfer.measure.gpu import memory_used_mib
+from autoinfer.measure.gpu import measured_gpus, memory_used_mib, visible_gpus
 from autoinfer.measure.process import run_isolated
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import features_of
 from autoinfer.model.shape import shape_from_gguf
-from autoinfer.search.informed import parse_fit_params
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}

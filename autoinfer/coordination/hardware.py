@@ -21,7 +21,7 @@ import optuna
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import capabilities
 from autoinfer.errors import UserError
-from autoinfer.measure.gpu import GpuInfo, list_gpus
+from autoinfer.measure.gpu import visible_gpus
 from autoinfer.measure.host import Fingerprint, fingerprint
 from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
 
@@ -71,29 +71,6 @@ def trial_host(current: Fingerprint) -> dict[str, Any]:
     """What a trial records about the worker that measured it."""
     return {"hostname": socket.gethostname(), "pid": os.getpid(), "hardware_class": current.digest,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-
-
-def visible_gpus() -> list[GpuInfo]:
-    """The GPUs this worker may use: all of them, or those CUDA_VISIBLE_DEVICES names (NVML indices or UUIDs).
-
-    Workers started per GPU (`autoinfer worker --gpus`) also set CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering
-    and NVML's agree.
-    """
-    gpus = list_gpus()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return gpus
-    picked = []
-    for item in (v.strip() for v in visible.split(",") if v.strip()):
-        match = [g for g in gpus if (item.isdigit() and g.index == int(item)) or (not item.isdigit() and
-                                                                                  g.uuid.startswith(item))]
-        picked += [g for g in match if g not in picked]
-    return picked
-
-
-def measured_gpus() -> tuple[int, ...]:
-    """NVML indices of the GPUs whose memory a trial's peaks are read from: every one this worker sees."""
-    return tuple(g.index for g in visible_gpus())
 
 
 def split_choices(n_gpus: int) -> list[str]:

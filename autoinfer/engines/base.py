@@ -104,6 +104,17 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The engine's own placement for a memory budget (llama.cpp: what llama-fit-params answers), measured as a
+    labelled trial so the search has to beat it. `tensor_split` is in llama-bench's "a/b" notation."""
+
+    n_gpu_layers: int
+    override_tensors: tuple[str, ...]
+    tensor_split: str | None
+    how: str  # how the answer was obtained (the command), for the study's notes
+
+
+@dataclass(frozen=True)
 class RunContext:
     """What the loop gives an engine for one trial."""
 
@@ -147,6 +158,16 @@ class Engine(ABC):
         from autoinfer.model.resolve import resolve_models
 
         return resolve_models(entries)
+
+    def baseline(self, model: Path, budget_mib: float, n_ctx: int, batch: int, ubatch: int) -> Baseline | str:
+        """The engine's own placement that fits `budget_mib` of memory per GPU for this context and batch sizes, or
+        why it has none."""
+        return f"no baseline for a memory budget from engine {self.name!r}"
+
+    def preferred_values(self, device_budget: bool) -> dict[str, Any]:
+        """Values of its knobs the engine knows to be better than its defaults, for a search's first trials (with a
+        device memory budget, or without one)."""
+        return {}
 
     def model_shape(self, model: str) -> ModelShape | None:
         """The architecture and tensor bytes of a resolved model, for the memory and performance models."""

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import signal as signals
 from pathlib import Path
 from typing import Any, Iterable
 
-from autoinfer.engines.base import Decision, Engine, Outcome, TrialConfig
+from autoinfer.engines.base import Baseline, Decision, Engine, Outcome, TrialConfig
+from autoinfer.engines.knobs import llama_preferred_values
 from autoinfer.errors import UserError
 from autoinfer.llama.build import working_tools
 from autoinfer.measure.crash import Crash, signal_name
+from autoinfer.measure.gpu import memory_used_mib, visible_gpus
+from autoinfer.measure.process import run_isolated
 
 _REASON_CHARS = 240
 
@@ -109,6 +113,25 @@ def _check_patterns(patterns: Iterable[str], separators: str, where: str) -> Non
             )
 
 
+FIT_LINE = re.compile(r"^-c\s+\d+\s+-ngl\s+(-?\d+)(.*)$")
+
+
+def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...], str | None]:
+    """`-c N -ngl N [-ts a,b] [-ot "p1,p2"]` (llama-fit-params' last line) → (n_gpu_layers, override patterns,
+    tensor split as "a/b" or None)."""
+    for line in reversed(stdout.strip().splitlines()):
+        m = FIT_LINE.match(line.strip())
+        if not m:
+            continue
+        rest = shlex.split(m.group(2))
+        patterns: tuple[str, ...] = ()
+        if "-ot" in rest:
+            patterns = tuple(p for p in rest[rest.index("-ot") + 1].split(",") if p)
+        split = rest[rest.index("-ts") + 1].replace(",", "/") if "-ts" in rest else None
+        return int(m.group(1)), patterns, split
+    raise ValueError("no '-c N -ngl N' line in llama-fit-params output")
+
+
 class LlamaToolsEngine(Engine):
     """Base of the engines that run a llama.cpp build: looked up once, on first use, and built (once per machine,
     cached) when none is found, so a first `autoinfer sweep` on a fresh machine just works."""
@@ -134,6 +157,31 @@ class LlamaToolsEngine(Engine):
         if self.tools.repack_off and "repack" in self.knobs:
             return (Decision("repack", 0, self.tools.decision),)
         return ()
+
+    def baseline(self, model: Path, budget_mib: float, n_ctx: int, batch: int, ubatch: int) -> Baseline | str:
+        """llama-fit-params' placement when asked to leave (free − budget) MiB free on each GPU this worker sees,
+        for the context and batch sizes the trials use."""
+        if "override_tensors" not in self.knobs:
+            return f"engine {self.name!r} takes no tensor overrides: no llama-fit-params baseline"
+        gpus = visible_gpus()
+        if not gpus:
+            return "no GPU: no llama-fit-params baseline"
+        margins = [int(g.memory_total_mib - (memory_used_mib(g.index) or 0.0) - budget_mib) for g in gpus]
+        if min(margins) < 0:
+            short = gpus[margins.index(min(margins))].index
+            return f"GPU {short} has less free memory than the {budget_mib:.0f} MiB budget: no llama-fit-params baseline"
+        argv = [str(self.tools.tool("llama-fit-params")), "-m", str(model), "-fitt", ",".join(map(str, margins)),
+                "-c", str(n_ctx), "-fitc", str(n_ctx), "-b", str(batch), "-ub", str(ubatch)]
+        result = run_isolated(argv, timeout_s=300)
+        try:
+            ngl, patterns, split = parse_fit_params(result.stdout)
+        except ValueError:
+            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"llama-fit-params gave no answer (exit {result.returncode}): {tail[:200]}"
+        return Baseline(ngl, patterns, split, shlex.join(argv))
+
+    def preferred_values(self, device_budget: bool) -> dict[str, Any]:
+        return llama_preferred_values(device_budget)
 
     def refusal(self, config: TrialConfig) -> str | None:
         """Why llama.cpp would refuse this configuration at context creation, known without running it."""

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.knobs import ANY, LLAMA_KNOBS
+from autoinfer.engines.knobs import ANY, LLAMA_KNOBS, llama_preferred_values
 from autoinfer.errors import UserError
 from autoinfer.model.shape import ModelShape
 
@@ -137,6 +137,10 @@ class ReplayEngine(Engine):
         self._spans = np.array([spans[c] for c in self._numeric])
         self._num_values = self.df[self._numeric].to_numpy(dtype=float)
         self._cat_values = self.df[self._categorical].astype(str).to_numpy()
+
+    def preferred_values(self, device_budget: bool) -> dict[str, Any]:
+        """The table holds llama.cpp measurements: what llama.cpp prefers."""
+        return llama_preferred_values(device_budget)
 
     def check(self) -> None:
         """A table engine runs anywhere."""

@@ -6,6 +6,7 @@ so the CPU-only path of the harness needs no special case. NVML is initialised o
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,29 @@ def list_gpus() -> list[GpuInfo]:
             cuda_version=cuda_text,
         ))
     return gpus
+
+
+def visible_gpus() -> list[GpuInfo]:
+    """The GPUs this worker may use: all of them, or those CUDA_VISIBLE_DEVICES names (NVML indices or UUIDs).
+
+    Workers started per GPU (`autoinfer worker --gpus`) also set CUDA_DEVICE_ORDER=PCI_BUS_ID, so CUDA's numbering
+    and NVML's agree.
+    """
+    gpus = list_gpus()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpus
+    picked = []
+    for item in (v.strip() for v in visible.split(",") if v.strip()):
+        match = [g for g in gpus if (item.isdigit() and g.index == int(item)) or (not item.isdigit() and
+                                                                                  g.uuid.startswith(item))]
+        picked += [g for g in match if g not in picked]
+    return picked
+
+
+def measured_gpus() -> tuple[int, ...]:
+    """NVML indices of the GPUs whose memory a trial's peaks are read from: every one this worker sees."""
+    return tuple(g.index for g in visible_gpus())
 
 
 def memory_used_mib(index: int) -> float | None:

@@ -265,12 +265,13 @@ class Boundary:
 
     def _typical(self) -> dict[str, Any]:
         out = {}
+        preferred = self.aid.engine.preferred_values(self.aid.side == "device")
         for knob in self.knobs:
             values = self.values[knob]
             if knob == "placement":
                 out[knob] = next((p for p in PATTERN_PREFERENCE if p in values), values[0])
-            elif knob == "load_mode" and self.aid.side == "device" and "none" in values:
-                out[knob] = "none"  # pinned host buffers: op offload copies host experts several times faster
+            elif knob in preferred and preferred[knob] in values:
+                out[knob] = preferred[knob]
             elif knob == "model":
                 out[knob] = values[0]
             else:

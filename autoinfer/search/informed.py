@@ -14,8 +14,6 @@ The fast configurations sit on the edge of the budget, where a blind sampler was
 from __future__ import annotations
 
 import itertools
-import re
-import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +23,9 @@ import optuna
 from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
-from autoinfer.coordination import hardware
-from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig, capabilities
+from autoinfer.engines.base import Engine, Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.model.memory import MemoryModel, Prediction
 from autoinfer.model.placement import (
     FOLLOW_LAYERS,
@@ -95,7 +93,7 @@ class SearchAid:
         c = campaign.constraints
         aid.side, aid.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
             else (None, None)
-        aid.n_gpus = engine.n_gpus or max(len(hardware.measured_gpus()), 1)
+        aid.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
         if aid.side == "device" and aid.n_gpus > 1:
             aid.notes.append(f"{aid.n_gpus} GPUs: the memory model predicts each GPU's peak against "
                              f"{c.vram_mib:.0f} MiB (layers shared by tensor_split, experts by expert_split)")
@@ -284,11 +282,9 @@ class SearchAid:
         params = {name: _typical(self.campaign, name) for name in searched if name not in PLACEMENT_PARAMS}
         if "model" in searched:
             params["model"] = model_name
-        if self.side == "device" and "load_mode" in searched and "none" in _allowed(self.campaign, "load_mode"):
-            # llama.cpp puts the weights it keeps in host memory into pinned buffers only when the file is not
-            # mapped, and op offload copies pinned experts to the GPU several times faster
-            # (benchmarks/results/load-mode-h200.md: pp512 2034 vs 435 tok/s, tg 74.6 vs 67.7)
-            params["load_mode"] = "none"
+        for name, value in self.engine.preferred_values(self.side == "device").items():
+            if name in searched and value in _allowed(self.campaign, name):
+                params[name] = value
         return params
 
     def _expert_combos(self, n_layers: int) -> list[tuple[int, dict[str, Any]]]:
@@ -306,11 +302,17 @@ class SearchAid:
     def fit_params_trial(self, path: str, model_name: str,
                          searched: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
         """llama-fit-params' placement for the same budget, as searched parameters (or raw overrides)."""
-        answer = run_fit_params(self.engine, Path(path), self.campaign, self.campaign.constraints.vram_mib,
-                                self.notes) if self.side == "device" else None
-        if answer is None:
+        if self.side != "device":
             return None
-        ngl, patterns, split = answer
+        fixed, m = self.campaign.fixed(), self.campaign.measure
+        answer = self.engine.baseline(Path(path), self.campaign.constraints.vram_mib, m.n_prompt + m.n_gen,
+                                      fixed.get("batch", 2048), fixed.get("ubatch", 512))
+        if isinstance(answer, str):
+            self.notes.append(answer)
+            return None
+        ngl, patterns, split = answer.n_gpu_layers, answer.override_tensors, answer.tensor_split
+        self.notes.append(f"llama-fit-params: {answer.how} → -ngl {ngl}, {len(patterns)} override(s)"
+                          + (f", -ts {split}" if split else ""))
         shape = self.shapes[path]
         layers = layers_on_cpu(patterns, shape.tensor_names)
         params = self._typical_params(searched, model_name)
@@ -337,65 +339,6 @@ class SearchAid:
             params[FIT_SPLIT_ATTR] = split
         per_gpu = f" per GPU on {self.n_gpus} GPUs" if self.n_gpus > 1 else ""
         return params, f"baseline: llama-fit-params for {self.campaign.constraints.vram_mib:.0f} MiB{per_gpu}"
-
-
-FIT_LINE = re.compile(r"^-c\s+\d+\s+-ngl\s+(-?\d+)(.*)$")
-
-
-def parse_fit_params(stdout: str) -> tuple[int, tuple[str, ...], str | None]:
-    """`-c N -ngl N [-ts a,b] [-ot "p1,p2"]` (llama-fit-params' last line) → (n_gpu_layers, override patterns,
-    tensor split as "a/b" or None)."""
-    for line in reversed(stdout.strip().splitlines()):
-        m = FIT_LINE.match(line.strip())
-        if not m:
-            continue
-        rest = shlex.split(m.group(2))
-        patterns: tuple[str, ...] = ()
-        if "-ot" in rest:
-            patterns = tuple(p for p in rest[rest.index("-ot") + 1].split(",") if p)
-        split = rest[rest.index("-ts") + 1].replace(",", "/") if "-ts" in rest else None
-        return int(m.group(1)), patterns, split
-    raise ValueError("no '-c N -ngl N' line in llama-fit-params output")
-
-
-def run_fit_params(engine: Engine, model: Path, campaign: Campaign, budget_mib: float,
-                   notes: list[str]) -> tuple[int, tuple[str, ...], str | None] | None:
-    """Ask llama-fit-params for the placement that leaves (free − budget) MiB free on each GPU this worker sees;
-    None with a note when it cannot answer (no GPU, the tool missing, or it failed)."""
-    if not capabilities(engine.name).runs_llama_tools:
-        notes.append(f"no llama-fit-params baseline for engine {engine.name!r}")
-        return None
-    from autoinfer.llama.build import find_tools
-    from autoinfer.measure.gpu import memory_used_mib
-    from autoinfer.measure.process import run_isolated
-
-    gpus = hardware.visible_gpus()
-    if not gpus:
-        notes.append("no GPU: no llama-fit-params baseline")
-        return None
-    margins = [int(g.memory_total_mib - (memory_used_mib(g.index) or 0.0) - budget_mib) for g in gpus]
-    if min(margins) < 0:
-        short = gpus[margins.index(min(margins))].index
-        notes.append(f"GPU {short} has less free memory than the {budget_mib:.0f} MiB budget: "
-                     "no llama-fit-params baseline")
-        return None
-    tools = find_tools()
-    m = campaign.measure
-    fixed = campaign.fixed()
-    n_ctx = m.n_prompt + m.n_gen
-    argv = [str(tools.tool("llama-fit-params")), "-m", str(model), "-fitt", ",".join(map(str, margins)),
-            "-c", str(n_ctx), "-fitc", str(n_ctx), "-b", str(fixed.get("batch", 2048)),
-            "-ub", str(fixed.get("ubatch", 512))]
-    result = run_isolated(argv, timeout_s=300)
-    try:
-        answer = parse_fit_params(result.stdout)
-    except ValueError:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        notes.append(f"llama-fit-params gave no answer (exit {result.returncode}): {tail[:200]}")
-        return None
-    notes.append(f"llama-fit-params: {shlex.join(argv)} → -ngl {answer[0]}, {len(answer[1])} override(s)"
-                 + (f", -ts {answer[2]}" if answer[2] else ""))
-    return answer
 
 
 def status_rows(study: optuna.Study) -> list[tuple[str, str]]:

@@ -17,10 +17,10 @@ from typing import Any, Callable
 import optuna
 
 from autoinfer.campaign.spec import Campaign
-from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure import environment, idle
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.stats import summarize
 from autoinfer.paths import trial_dir
 from autoinfer.store import trials as store

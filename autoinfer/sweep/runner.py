@@ -26,6 +26,7 @@ from autoinfer.coordination import hardware, hostlock, worker
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
 from autoinfer.errors import UserError
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
 from autoinfer.search.informed import SearchAid
@@ -173,7 +174,7 @@ def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision,
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
-    return run_engine(engine, config, campaign, trial_dir(study_name, number), gpus=hardware.measured_gpus(),
+    return run_engine(engine, config, campaign, trial_dir(study_name, number), gpus=measured_gpus(),
                       on_first_sample=on_first_sample)
 
 

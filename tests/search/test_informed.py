@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from autoinfer.campaign.spec import parse_campaign
+from autoinfer.engines.llama_common import parse_fit_params
 from autoinfer.model.placement import layers_on_cpu
-from autoinfer.search.informed import LABEL_ATTR, parse_fit_params
+from autoinfer.search.informed import LABEL_ATTR
 from autoinfer.store import trials as store
 from autoinfer.sweep.replay_cli import OFFLINE, compare
 from autoinfer.sweep.runner import sweep

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoinfer.coordination.hardware import measured_gpus
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
-from autoinfer.measure.gpu import list_gpus
+from autoinfer.measure.gpu import list_gpus, measured_gpus
 from autoinfer.model.placement import cpu_expert_layers, expert_override, placement_bytes, realize
 from autoinfer.model.shape import shape_from_gguf
 from autoinfer.model.synth import cached_model
