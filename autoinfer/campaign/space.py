@@ -1,10 +1,10 @@
-"""Campaign parameters → Optuna distributions, and a suggested trial → TrialConfig."""
+"""Campaign parameters → Optuna distributions (study.ask suggests them all), and a trial's parameters →
+TrialConfig."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import optuna
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -27,19 +27,6 @@ def distributions(campaign: Campaign) -> dict[str, BaseDistribution]:
         else:
             out[name] = CategoricalDistribution(list(spec))
     return out
-
-
-def suggest(trial: optuna.Trial, dists: dict[str, BaseDistribution]) -> dict[str, Any]:
-    """Ask Optuna for every searched parameter (enqueued trials get their fixed values back)."""
-    params: dict[str, Any] = {}
-    for name, dist in dists.items():
-        if isinstance(dist, IntDistribution):
-            params[name] = trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
-        elif isinstance(dist, FloatDistribution):
-            params[name] = trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-        else:
-            params[name] = trial.suggest_categorical(name, dist.choices)
-    return params
 
 
 def to_config(campaign: Campaign, params: dict[str, Any], models: dict[str, str]) -> TrialConfig:

@@ -20,7 +20,7 @@ from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 from rich.console import Console
 
-from autoinfer.campaign.space import distributions, suggest, to_config
+from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import Campaign, check_space, stored_campaign
 from autoinfer.coordination import hardware, hostlock, worker
 from autoinfer.engines import base
@@ -249,7 +249,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
                 current[:] = [trial]
-                params: dict[str, Any] = suggest(trial, dists)
+                params: dict[str, Any] = dict(trial.params)  # study.ask(dists) suggested every one
                 config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
                 trial.set_user_attr("config", config.to_params())
                 if decisions:

@@ -86,7 +86,7 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     """llama-fit-params' -ts on several GPUs replaces the trial's tensor split and nothing else."""
     import optuna
 
-    from autoinfer.campaign.space import distributions, suggest, to_config
+    from autoinfer.campaign.space import distributions, to_config
     from autoinfer.engines import base
     from autoinfer.model.placement import EXPERT_TENSORS
     from autoinfer.search.informed import FIT_SPLIT_ATTR, SearchAid
@@ -100,7 +100,7 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
                         user_attrs={FIT_SPLIT_ATTR: "17/24"})
     dists = distributions(campaign)
     trial = study.ask(dists)
-    config = aid.realize(to_config(campaign, suggest(trial, dists), models), trial)
+    config = aid.realize(to_config(campaign, trial.params, models), trial)
     assert config.override_tensors == (rf"blk\.(2|3)\.{EXPERT_TENSORS}=CPU",)
     assert config.get("tensor_split") == "17/24"
 
