@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,14 +457,6 @@ def _param_value(cell: str) -> Any:
     if number is None:
         return value
     return int(number) if number.is_integer() and "." not in value else number
-
-
-def peer_data_dir() -> Path:
-    """The seed study's data: $AUTOINFER_PEER_DATA, else shared/peer-data beside the repository checkout."""
-    path = Path(os.environ.get("AUTOINFER_PEER_DATA") or Path(__file__).resolve().parents[3] / "shared" / "peer-data")
-    if not path.is_dir():
-        raise UserError(f"peer data folder {path} does not exist; set AUTOINFER_PEER_DATA to shared/peer-data")
-    return path
 
 
 def read_folder(folder: Path) -> tuple[list[ImportResult], dict[str, str]]:

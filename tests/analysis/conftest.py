@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,16 @@ def _write(path: Path, rows: list[dict]) -> Path:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="session")
+def peer() -> Path:
+    """The seed study's raw data: $AUTOINFER_PEER_DATA, else shared/peer-data beside the checkout (as CI has it);
+    tests that need it skip with the reason when it is absent."""
+    path = Path(os.environ.get("AUTOINFER_PEER_DATA") or Path(__file__).resolve().parents[3] / "shared" / "peer-data")
+    if not path.is_dir():
+        pytest.skip(f"shared/peer-data is absent here: no folder {path}; set AUTOINFER_PEER_DATA to it")
     return path
 
 

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from autoinfer.analysis.dataset import add_to_study, config_table, load_frame
-from autoinfer.analysis.importers import peer_data_dir, read_file, read_folder
+from autoinfer.analysis.importers import read_file, read_folder
 from autoinfer.engines.base import Outcome
 from autoinfer.errors import UserError
 
@@ -46,14 +46,6 @@ EXPECTED = {
        for n in ("cpu_only_32gb", "m1_pro_16gb", "m2_max_32gb", "rtx3070_8gb", "rtx3080_10gb", "rtx3090_24gb",
                  "rtx4070ti_12gb")},
 }
-
-
-@pytest.fixture(scope="module")
-def peer() -> Path:
-    try:
-        return peer_data_dir()
-    except UserError as exc:
-        pytest.skip(f"shared/peer-data is absent here: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import nbformat
 import optuna
-import pytest
 from nbclient import NotebookClient
 
 from autoinfer.analysis.dataset import add_to_study
-from autoinfer.analysis.importers import peer_data_dir, read_file
-from autoinfer.errors import UserError
+from autoinfer.analysis.importers import read_file
 from autoinfer.store.trials import storage_for
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -24,11 +22,8 @@ def _run(name: str) -> str:
                      if o.output_type == "stream")
 
 
-def test_seed_reanalysis_notebook(monkeypatch):
-    try:
-        monkeypatch.setenv("AUTOINFER_PEER_DATA", str(peer_data_dir()))
-    except UserError as exc:
-        pytest.skip(f"shared/peer-data is absent here: {exc}")
+def test_seed_reanalysis_notebook(monkeypatch, peer):
+    monkeypatch.setenv("AUTOINFER_PEER_DATA", str(peer))
     text = _run("seed-reanalysis.ipynb")
     assert "17 replicates: max 29.899, median 29.124" in text
     assert "mean 28.67" in text

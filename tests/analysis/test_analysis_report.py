@@ -14,9 +14,8 @@ import pandas as pd
 import pytest
 
 from autoinfer.analysis.dataset import add_to_study
-from autoinfer.analysis.importers import peer_data_dir, read_file, read_folder
+from autoinfer.analysis.importers import read_file, read_folder
 from autoinfer.analysis.report import analyze
-from autoinfer.errors import UserError
 from autoinfer.sweep.recommend import recommend
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
@@ -66,11 +65,8 @@ def test_report_flags_more_threads_slower(threads_csv, tmp_path):
     assert fits["skipped"]["power_law"] == "model file(s) not on this machine: m.gguf"
 
 
-def test_report_on_the_seed_data(tmp_path):
-    try:
-        results, _ = read_folder(peer_data_dir())
-    except UserError as exc:
-        pytest.skip(f"shared/peer-data is absent here: {exc}")
+def test_report_on_the_seed_data(tmp_path, peer):
+    results, _ = read_folder(peer)
     study = optuna.create_study(study_name="seed", direction="maximize")
     add_to_study(results, study)
     analysis = analyze(study, tmp_path)
