@@ -70,12 +70,16 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
     raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
 
 
-def our_config(model: Path, budget: float, trials: int, work: Path, log) -> tuple[TrialConfig, dict]:
-    """The recommendation of a fresh `autoinfer sweep` at this budget."""
+def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path, log) -> tuple[TrialConfig, dict]:
+    """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`. The drift anchor
+    is off and the confirmation capped at 4 rounds: the interleaved comparison that follows is the check across
+    processes, and the GPU time goes to it."""
     spec = yaml.safe_load(CAMPAIGN.read_text())
     spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
     spec["constraints"]["vram_mib"] = budget
-    spec["budget"] = {"trials": trials, "wall_s": 480}
+    spec["budget"] = {"trials": trials, "wall_s": wall_s}
+    spec["drift"] = {"every": None}
+    spec["confirm"] = {**spec.get("confirm", {}), "max_rounds": 4}
     path = work / f"vs-fit-{budget:.0f}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {**os.environ, "AUTOINFER_RESULTS": str(work / "results")}
@@ -162,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--budgets", default="8192,12288,16384")
-    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--sweep-wall-s", type=float, default=300, help="wall-time budget of each sweep's search")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fit-tries", type=int, default=4)
     ap.add_argument("--out", required=True, type=Path)
@@ -179,11 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, accounts, records = [], [], []
     gpu_gbps = gpu_copy_gbps()
     for budget in (float(b) for b in args.budgets.split(",")):
+        started = time.monotonic()
         log(f"== budget {budget:.0f} MiB")
         fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)
-        ours, answer = our_config(args.model.resolve(), budget, args.trials, work, log)
-        log(f"  fit:  {describe(fit)}\n  ours: {describe(ours)}")
+        log(f"  fit found in {time.monotonic() - started:.0f} s")
+        ours, answer = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log)
+        log(f"  sweep done at {time.monotonic() - started:.0f} s\n  fit:  {describe(fit)}\n  ours: {describe(ours)}")
         runs = interleave(ours, fit, args.rounds)
+        log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         tg, pp = compare(runs["ours"]["tg"], runs["fit"]["tg"]), compare(runs["ours"]["pp"], runs["fit"]["pp"])
         peak = {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
         bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads or 16), gpu_gbps)
