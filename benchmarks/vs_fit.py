@@ -1,6 +1,6 @@
 """autoinfer's recommendation against llama.cpp's own fit, at the same VRAM budget, on one GPU.
 
-    python benchmarks/vs_fit.py --model qwen35moe-35b-a3b-Q4_K.gguf --budgets 8192,12288,16384 --trials 16 \
+    python benchmarks/vs_fit.py --model qwen35moe-35b-a3b-Q4_K.gguf --budgets 8192,12288,16384 --trials 12 \
         --rounds 5 --out benchmarks/results/vs-fit-h100.md
 
 Per budget:
