@@ -18,12 +18,9 @@ from typing import Any
 
 import optuna
 
-from autoinfer.campaign.spec import Campaign
-from autoinfer.engines.base import capabilities
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
 from autoinfer.measure.host import Fingerprint, fingerprint
-from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
 
 CLASS_ATTR = "hardware_class"  # study attr: {"digest": …, "fields": {…}}
 TRIAL_HOST_ATTR = "host"  # trial attr: {"hostname", "pid", "hardware_class", "cuda_visible_devices"}
@@ -71,56 +68,3 @@ def trial_host(current: Fingerprint) -> dict[str, Any]:
     """What a trial records about the worker that measured it."""
     return {"hostname": socket.gethostname(), "pid": os.getpid(), "hardware_class": current.digest,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-
-
-def split_choices(n_gpus: int) -> list[str]:
-    """Tensor splits worth trying on n GPUs: equal, the first GPU heavier (it also holds the output and KV cache
-    with split_mode row), the last one heavier."""
-    equal = ["1"] * n_gpus
-    return ["/".join(equal), "/".join(["2", *equal[1:]]), "/".join([*equal[:-1], "2"])]
-
-
-def check_split_counts(campaign: Campaign, n_gpus: int) -> None:
-    """A tensor or expert split names one share per GPU; a share for a GPU this worker does not see is an error
-    now, not a failed load in every trial."""
-    for name in ("tensor_split", "expert_split"):
-        spec = campaign.space.get(name)
-        for value in spec if isinstance(spec, list) else [spec] if isinstance(spec, str) else []:
-            if value != FOLLOW_LAYERS and len(split_shares(value)) != n_gpus:
-                raise UserError(f"space.{name}: {value!r} gives {len(split_shares(value))} GPU share(s) but this "
-                                f"worker sees {n_gpus} GPU(s); give one share per GPU (CUDA_VISIBLE_DEVICES, --gpus)")
-
-
-def check_vram_budget(campaign: Campaign, n_gpus: int | None = None) -> None:
-    """A device-memory budget needs a device: on a machine without a GPU every trial would pass it unmeasured and
-    the sweep would recommend a configuration as fitting a budget nothing checked."""
-    limit = campaign.constraints.vram_mib
-    if limit is None:
-        return
-    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
-    if n_gpus == 0:
-        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-        where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
-        raise UserError(f"constraints.vram_mib is {limit:g} MiB but this machine has no NVIDIA GPU that NVML "
-                        f"sees{where}; remove constraints.vram_mib for a CPU campaign, or run it on a GPU machine")
-
-
-def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
-    """The campaign with llama.cpp's multi-GPU knobs searched when this worker sees more than one GPU and the
-    campaign does not set them itself: tensor_split and, where the campaign places experts, expert_split (which
-    GPU holds the experts left on the device). Every worker of a study is of one hardware class, so they all see
-    the same GPU count and the same space.
-
-    split_mode stays llama.cpp's default (layer) unless the campaign searches it: on two H200s with llama.cpp
-    0c1e570, `-sm row` fails to load a qwen35moe model (no split buffers) and `-sm tensor` aborts, so adding them
-    would only spend trials on failures (benchmarks/results/multi-gpu-h200x2.md)."""
-    if not capabilities(campaign.engine).runs_llama_tools:  # nothing runs on this worker's GPUs
-        return campaign
-    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
-    check_split_counts(campaign, n_gpus)
-    if n_gpus < 2:
-        return campaign
-    added: dict[str, Any] = {"tensor_split": split_choices(n_gpus)}
-    if any(k in campaign.space for k in ("n_cpu_moe", "placement", "cpu_expert_layers")):
-        added["expert_split"] = [FOLLOW_LAYERS, *split_choices(n_gpus)]
-    return campaign.model_copy(update={"space": {**added, **campaign.space}})

@@ -72,7 +72,7 @@ PLACEMENT_KNOBS: dict[str, Knob] = {
                          f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
 }
 
-#: Several GPUs (autoinfer.coordination.hardware.multi_gpu_space).
+#: Several GPUs (autoinfer.campaign.plan.multi_gpu_space).
 MULTI_GPU_KNOBS: dict[str, Knob] = {
     "split_mode": rule(lambda v: v in ("none", "layer", "row", "tensor"), "none, layer, row or tensor"),
     "tensor_split": rule(lambda v: isinstance(v, str) and _SPLIT.fullmatch(v) is not None,

@@ -214,7 +214,7 @@ class _Args:
 
 BENCH_EXTRAS = {"prio": "--prio", "cpu_mask": "-C", "cpu_strict": "--cpu-strict", "delay": "--delay",
                 "poll": "--poll", "split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg", "repack": "--repack"}
-#: Several GPUs (autoinfer.coordination.hardware.multi_gpu_space); tensor_split is written "3/1" as llama-bench takes it.
+#: Several GPUs (autoinfer.campaign.plan.multi_gpu_space); tensor_split is written "3/1" as llama-bench takes it.
 MULTI_GPU_EXTRAS = {"split_mode": "-sm", "tensor_split": "-ts", "main_gpu": "-mg"}
 #: llama.cpp defaults of the extras, so a build lacking the flag still runs a campaign that leaves them alone.
 _BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "delay": 0, "poll": 50,

@@ -18,10 +18,10 @@ from typing import Any, Iterator
 import optuna
 from filelock import FileLock, Timeout
 from optuna.trial import TrialState
-from rich.console import Console
 
-from autoinfer.campaign.space import distributions, to_config
-from autoinfer.campaign.spec import Campaign, check_space, stored_campaign
+from autoinfer.campaign.plan import plan
+from autoinfer.campaign.space import to_config
+from autoinfer.campaign.spec import Campaign, stored_campaign
 from autoinfer.coordination import hardware, hostlock, worker
 from autoinfer.engines import base
 from autoinfer.engines.base import Engine, Measurement, Outcome
@@ -155,22 +155,6 @@ def engine_refuses(engine: Engine, config: base.TrialConfig) -> Measurement | No
     return Measurement(Outcome.REJECTED, reason=f"not run: {reason}") if reason else None
 
 
-def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[base.Decision, ...]:
-    """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
-    printed once; a campaign that asks for another value of such a setting is refused, since its trials would
-    measure something else than they say."""
-    decisions = engine.decisions()
-    for d in decisions:
-        asked = campaign.space.get(d.knob)
-        values = asked if isinstance(asked, list) else [] if asked is None else [asked]
-        if any(v != d.value for v in values):
-            raise UserError(f"space.{d.knob}: this machine's llama.cpp build needs {d.knob}={d.value} ({d.reason}); "
-                            f"set {d.knob}: {d.value} or drop it from the space")
-        Console(stderr=True).print(f"decision: every trial runs with {d.knob}={d.value}: {d.reason}",
-                                   markup=False, soft_wrap=True)
-    return decisions
-
-
 def run_trial(engine: Engine, config: base.TrialConfig, campaign: Campaign, study_name: str,
               number: int, on_first_sample: Any = None) -> Measurement:
     """The measurement of trial `number`, on the GPU this worker sees."""
@@ -200,18 +184,11 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
           confirm: bool = False) -> SweepResult:
     """Run (or resume) a campaign until its trial or wall-time budget is spent, then confirm the top
     configurations (campaign key confirm; `confirm=True` re-confirms even when no trial ran since the last time)."""
-    budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
-    campaign = hardware.multi_gpu_space(campaign.model_copy(update={"budget": budget}))
+    ready = plan(campaign, trials=trials, wall_s=wall_s)
+    campaign, engine, dists, models = ready.campaign, ready.engine, ready.distributions, ready.models
+    budget, decisions = campaign.budget, ready.decisions
     name = study_name or campaign.name
     url = storage or default_storage()
-    engine = base.create(campaign.engine, **campaign.engine_options)
-    check_space(campaign, engine.knobs)
-    dists = distributions(campaign)  # every range checked before the engine builds or loads anything
-    if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
-        hardware.check_vram_budget(campaign)
-    engine.check()
-    decisions = imposed_settings(engine, campaign)
-    models = engine.resolve_models(campaign.model)
     qualities = quality_gate.prepare(campaign, models)
 
     with sqlite_single_worker(url, name):

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from optuna.distributions import CategoricalDistribution
 
+from autoinfer.campaign import plan as campaign_plan
 from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, parse_campaign
-from autoinfer.coordination import hardware, worker
+from autoinfer.coordination import worker
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.llama_bench import LlamaBenchEngine
 from autoinfer.engines.llama_common import bench_args_for, server_args
@@ -37,23 +38,23 @@ def campaign(**space):
 
 def test_split_knobs_are_searched_only_with_several_gpus():
     c = campaign()
-    assert hardware.multi_gpu_space(c, n_gpus=1) == c
-    assert hardware.multi_gpu_space(c) == c  # this machine: CPU only
-    two = hardware.multi_gpu_space(c, n_gpus=2)
+    assert campaign_plan.multi_gpu_space(c, n_gpus=1) == c
+    assert campaign_plan.multi_gpu_space(c) == c  # this machine: CPU only
+    two = campaign_plan.multi_gpu_space(c, n_gpus=2)
     check_space(two, LlamaBenchEngine.knobs)
     dists = distributions(two)
     assert "split_mode" not in dists  # llama.cpp's default (layer): row and tensor fail on qwen35moe (see hardware)
     assert dists["tensor_split"] == CategoricalDistribution(["1/1", "2/1", "1/2"])
     assert dists["expert_split"] == CategoricalDistribution(["layers", "1/1", "2/1", "1/2"])  # experts are placed
     no_placement = parse_campaign({"name": "x", "model": "/m/a.gguf", "space": {"threads": [1, 2]}})
-    assert "expert_split" not in hardware.multi_gpu_space(no_placement, n_gpus=2).space
-    assert hardware.split_choices(3) == ["1/1/1", "2/1/1", "1/1/2"]
+    assert "expert_split" not in campaign_plan.multi_gpu_space(no_placement, n_gpus=2).space
+    assert campaign_plan.split_choices(3) == ["1/1/1", "2/1/1", "1/1/2"]
     # a campaign that sets a knob keeps its own choice
-    assert hardware.multi_gpu_space(campaign(split_mode="row"), n_gpus=2).space["split_mode"] == "row"
+    assert campaign_plan.multi_gpu_space(campaign(split_mode="row"), n_gpus=2).space["split_mode"] == "row"
 
 
 def test_split_knobs_become_flags():
-    two = hardware.multi_gpu_space(campaign(), n_gpus=2)
+    two = campaign_plan.multi_gpu_space(campaign(), n_gpus=2)
     config = to_config(two, {"n_cpu_moe": 8, "split_mode": "row", "tensor_split": "2/1"}, {"/m/a.gguf": "/m/a.gguf"})
     argv = bench_args_for(config, None)
     assert argv[argv.index("-sm") + 1] == "row" and argv[argv.index("-ts") + 1] == "2/1"
@@ -163,8 +164,8 @@ def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
 ])
 def test_a_split_for_gpus_the_worker_does_not_see_is_refused(space, n_gpus, needle):
     with pytest.raises(UserError, match=needle):
-        hardware.multi_gpu_space(campaign(**space), n_gpus=n_gpus)
-    assert hardware.multi_gpu_space(campaign(expert_split="layers"), n_gpus=0).space["expert_split"] == "layers"
+        campaign_plan.multi_gpu_space(campaign(**space), n_gpus=n_gpus)
+    assert campaign_plan.multi_gpu_space(campaign(expert_split="layers"), n_gpus=0).space["expert_split"] == "layers"
 
 
 def test_gpus_option_takes_single_gpus_and_groups():

@@ -1,0 +1,115 @@
+"""A campaign made ready to run, once: the budgets for this run, the multi-GPU knobs this worker's GPUs add, the
+engine created and its knobs checked against the space, Optuna's distributions, the models resolved to files and
+the settings the engine imposes. The loop and the search read it; nothing is validated twice.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.distributions import BaseDistribution
+from rich.console import Console
+
+from autoinfer.campaign.space import distributions
+from autoinfer.campaign.spec import Campaign, check_space
+from autoinfer.engines import base
+from autoinfer.engines.base import Decision, Engine
+from autoinfer.errors import UserError
+from autoinfer.measure.gpu import visible_gpus
+from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
+
+
+@dataclass(frozen=True)
+class CampaignPlan:
+    campaign: Campaign  # with this run's budgets and the multi-GPU knobs applied
+    engine: Engine
+    distributions: dict[str, BaseDistribution]
+    models: dict[str, str]  # campaign model entry → the file (or label) the engine runs
+    decisions: tuple[Decision, ...]  # settings the engine imposes on every trial here
+
+
+def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None = None) -> CampaignPlan:
+    """Check everything that can be checked before a study is opened, in the order that fails cheapest first: the
+    space against the engine's knobs, every range, the memory budget against this machine, then the engine itself
+    (which may build llama.cpp) and the models."""
+    budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
+    campaign = multi_gpu_space(campaign.model_copy(update={"budget": budget}))
+    engine = base.create(campaign.engine, **campaign.engine_options)
+    check_space(campaign, engine.knobs)
+    dists = distributions(campaign)
+    if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
+        check_vram_budget(campaign)
+    engine.check()
+    decisions = imposed_settings(engine, campaign)
+    return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions)
+
+
+def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[Decision, ...]:
+    """What the engine imposes on every trial here (repack off on a build whose smoke run crashed with it on),
+    printed once; a campaign that asks for another value of such a setting is refused, since its trials would
+    measure something else than they say."""
+    decisions = engine.decisions()
+    for d in decisions:
+        asked = campaign.space.get(d.knob)
+        values = asked if isinstance(asked, list) else [] if asked is None else [asked]
+        if any(v != d.value for v in values):
+            raise UserError(f"space.{d.knob}: this machine's llama.cpp build needs {d.knob}={d.value} ({d.reason}); "
+                            f"set {d.knob}: {d.value} or drop it from the space")
+        Console(stderr=True).print(f"decision: every trial runs with {d.knob}={d.value}: {d.reason}",
+                                   markup=False, soft_wrap=True)
+    return decisions
+
+
+def split_choices(n_gpus: int) -> list[str]:
+    """Tensor splits worth trying on n GPUs: equal, the first GPU heavier (it also holds the output and KV cache
+    with split_mode row), the last one heavier."""
+    equal = ["1"] * n_gpus
+    return ["/".join(equal), "/".join(["2", *equal[1:]]), "/".join([*equal[:-1], "2"])]
+
+
+def check_split_counts(campaign: Campaign, n_gpus: int) -> None:
+    """A tensor or expert split names one share per GPU; a share for a GPU this worker does not see is an error
+    now, not a failed load in every trial."""
+    for name in ("tensor_split", "expert_split"):
+        spec = campaign.space.get(name)
+        for value in spec if isinstance(spec, list) else [spec] if isinstance(spec, str) else []:
+            if value != FOLLOW_LAYERS and len(split_shares(value)) != n_gpus:
+                raise UserError(f"space.{name}: {value!r} gives {len(split_shares(value))} GPU share(s) but this "
+                                f"worker sees {n_gpus} GPU(s); give one share per GPU (CUDA_VISIBLE_DEVICES, --gpus)")
+
+
+def check_vram_budget(campaign: Campaign, n_gpus: int | None = None) -> None:
+    """A device-memory budget needs a device: on a machine without a GPU every trial would pass it unmeasured and
+    the sweep would recommend a configuration as fitting a budget nothing checked."""
+    limit = campaign.constraints.vram_mib
+    if limit is None:
+        return
+    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
+    if n_gpus == 0:
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
+        raise UserError(f"constraints.vram_mib is {limit:g} MiB but this machine has no NVIDIA GPU that NVML "
+                        f"sees{where}; remove constraints.vram_mib for a CPU campaign, or run it on a GPU machine")
+
+
+def multi_gpu_space(campaign: Campaign, n_gpus: int | None = None) -> Campaign:
+    """The campaign with llama.cpp's multi-GPU knobs searched when this worker sees more than one GPU and the
+    campaign does not set them itself: tensor_split and, where the campaign places experts, expert_split (which
+    GPU holds the experts left on the device). Every worker of a study is of one hardware class, so they all see
+    the same GPU count and the same space.
+
+    split_mode stays llama.cpp's default (layer) unless the campaign searches it: on two H200s with llama.cpp
+    0c1e570, `-sm row` fails to load a qwen35moe model (no split buffers) and `-sm tensor` aborts, so adding them
+    would only spend trials on failures (benchmarks/results/multi-gpu-h200x2.md)."""
+    if not base.capabilities(campaign.engine).runs_llama_tools:  # nothing runs on this worker's GPUs
+        return campaign
+    n_gpus = len(visible_gpus()) if n_gpus is None else n_gpus
+    check_split_counts(campaign, n_gpus)
+    if n_gpus < 2:
+        return campaign
+    added: dict[str, Any] = {"tensor_split": split_choices(n_gpus)}
+    if any(k in campaign.space for k in ("n_cpu_moe", "placement", "cpu_expert_layers")):
+        added["expert_split"] = [FOLLOW_LAYERS, *split_choices(n_gpus)]
+    return campaign.model_copy(update={"space": {**added, **campaign.space}})
