@@ -40,7 +40,7 @@ def test_matrices_stay_in_their_blocks(model):
 
 @pytest.mark.parametrize("gdn, moe", [("fused_recurrent", "fused"), ("chunk", "grouped")])
 def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe):
-    prompt = list(range(3, 40))
+    prompt = list(range(3, 15))  # 12 tokens: more than GEMV_MAX_ROWS, so prefill takes the GEMM path
     ref_pp, ref_tg, _ = logits(model, prompt)
     pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
@@ -49,7 +49,7 @@ def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe):
 
 
 def test_expert_cache_holds_gguf_blocks(model):
-    prompt = list(range(5, 30))
+    prompt = list(range(5, 17))
     ref_pp, ref_tg, _ = logits(model, prompt)
     pp, tg, engine = logits(model, prompt, weights="gguf", gdn="fused_recurrent", moe="fused", expert_slots=5)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND

@@ -1,8 +1,9 @@
 """Fused MoE on experts kept in GGUF blocks (ops/quant/qweight.py).
 
 Decode (one token): the router's choices stay on the device as an index tensor; gate and up of the k chosen
-experts are each one batched quantized GEMV launch that picks the expert rows by that index, and down is one launch
-that also sums the k results under the routing weights. No host synchronisation, ~4 launches per layer whatever k.
+experts are one launch (a quantized GEMV of both stacks that picks the experts by that index and writes
+SiLU(gate) ⊙ up), and down is one launch that also sums the k results under the routing weights. No host
+synchronisation, 2 launches per layer whatever k.
 Prefill (many tokens): the experts in use are decoded to the activations' dtype and run through the grouped GEMM
 variant (the decoded copy lives only for that call).
 """
@@ -10,12 +11,12 @@ variant (the decoded copy lives only for that call).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from autoinfer.errors import UserError
 from autoinfer.refengine.ops.moe.bank import ExpertBank
 from autoinfer.refengine.ops.moe.grouped import grouped_experts
-from autoinfer.refengine.ops.quant.kernels import dequantize, qgemv
+from autoinfer.refengine.ops.quant.gemv import qgemv
+from autoinfer.refengine.ops.quant.kernels import dequantize
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
 
 
@@ -35,9 +36,7 @@ def fused_experts(x: torch.Tensor, token: torch.Tensor, row: torch.Tensor, weigh
         raise UserError("moe variant 'fused' reads experts kept in GGUF blocks: set weights: gguf "
                         "(or use moe: grouped with dense weights)")
     if x.shape[0] == 1:
-        gate = qgemv(x, bank.gate, ids=row)  # [k, F]: every item reads the one token
-        up = qgemv(x, bank.up, ids=row)
-        h = F.silu(gate) * up
+        h = qgemv(x, bank.gate, ids=row, up=bank.up)  # [k, F]: every item reads the one token
         return qgemv(h, bank.down, ids=row, coef=weight, out_dtype=torch.float32)
     dense, renumbered = dense_bank(bank, row, x.dtype)
     return grouped_experts(x, token, renumbered, weight, dense)

@@ -1,8 +1,6 @@
 """Triton kernels that read GGUF-quantized weights directly (the blocks are decoded in registers, never stored):
 
-- `qgemv`: batch-1 (or a few rows) matrix-vector products, the decode step's matmuls. Bandwidth-bound: one pass
-  over the weight bytes. Optionally batched over stacked weights picked by a device index tensor (the experts a
-  router chose), with the results summed under per-item weights: the grouped expert GEMV of fused MoE decode.
+- `qgemv` (ops/quant/gemv.py): batch-1 (or a few rows) products, the decode step's matmuls.
 - `qgemm`: prefill matmuls; weight tiles decoded into the dtype of x and multiplied with tl.dot.
 - `dequantize`: whole rows to a dense tensor (used where a dense op needs the weights, e.g. prefill experts).
 
@@ -19,6 +17,7 @@ import triton
 import triton.language as tl
 
 from autoinfer.errors import UserError
+from autoinfer.refengine.ops.quant.gemv import qgemv
 from autoinfer.refengine.ops.quant.qweight import BLOCKS, QuantWeight
 
 _QTYPE_ID = {"Q8_0": 0, "Q4_K": 1, "Q6_K": 2}
@@ -72,45 +71,6 @@ def _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE: tl.constexpr, QK: tl.constex
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, x_stride, u8, i8, f16, w_stride, ids_ptr, coef_ptr, out_ptr, out_stride, N, row_bytes,
-                 n_blocks, n_items, QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr,
-                 HAS_IDS: tl.constexpr, REDUCE: tl.constexpr):
-    """out[o, rows] = Σ_items coef[a] · W[ids[a]] @ x[a]. Without REDUCE each program axis-1 index is one item
-    (coef 1, output row a); with REDUCE one program sums all n_items into output row 0."""
-    pid_n = tl.program_id(0)
-    rows = pid_n * BN + tl.arange(0, BN)
-    live = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    acc = tl.zeros([BN], dtype=tl.float32)
-    if REDUCE:
-        first = 0
-        last = n_items
-    else:
-        first = tl.program_id(1)
-        last = first + 1
-    j = tl.arange(0, QK)
-    for a in range(first, last):
-        if HAS_IDS:
-            expert = tl.load(ids_ptr + a).to(tl.int64)
-        else:
-            expert = 0
-        item_rows = rows + expert * w_stride  # w_stride: rows per stacked matrix
-        part = tl.zeros([BN], dtype=tl.float32)
-        for blk in range(0, n_blocks):
-            w = _tile(u8, i8, f16, item_rows, row_bytes, blk, QTYPE, QK, BB)
-            x = tl.load(x_ptr + a * x_stride + blk * QK + j).to(tl.float32)
-            part += tl.sum(w * x[None, :], axis=1)
-        if REDUCE:
-            part = part * tl.load(coef_ptr + a).to(tl.float32)
-        acc += part
-    if REDUCE:
-        o = 0
-    else:
-        o = first
-    tl.store(out_ptr + o * out_stride + rows, acc.to(out_ptr.dtype.element_ty), mask=live)
-
-
-@triton.jit
 def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, M, N, row_bytes, n_blocks, QTYPE: tl.constexpr, QK: tl.constexpr,
                  BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """out[M, N] = x[M, K] @ W[N, K]ᵀ, one [BM, BN] tile per program, K walked one quant block at a time."""
@@ -132,13 +92,13 @@ def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, M, N, row_bytes, n_blocks, QTYPE: 
 @triton.jit
 def _dequant_kernel(u8, i8, f16, out_ptr, n_rows, row_bytes, n_blocks, QTYPE: tl.constexpr, QK: tl.constexpr,
                     BB: tl.constexpr, BN: tl.constexpr):
-    pid_n, blk = tl.program_id(0), tl.program_id(1)
-    n = pid_n * BN + tl.arange(0, BN)
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.minimum(n, n_rows - 1).to(tl.int64)
-    w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB)
     j = tl.arange(0, QK)
-    tl.store(out_ptr + rows[:, None] * (n_blocks * QK) + blk * QK + j[None, :], w.to(out_ptr.dtype.element_ty),
-             mask=n[:, None] < n_rows)
+    for blk in range(0, n_blocks):
+        w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB)
+        tl.store(out_ptr + rows[:, None] * (n_blocks * QK) + blk * QK + j[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n[:, None] < n_rows)
 
 
 def _views(w: QuantWeight):
@@ -151,30 +111,6 @@ def _meta(w: QuantWeight) -> dict:
     return dict(QTYPE=_QTYPE_ID[w.qtype], QK=qk, BB=bb)
 
 
-def _gemv_rows(w: QuantWeight) -> int:
-    return 4 if BLOCKS[w.qtype][0] == 256 else 16  # keep the decoded tile at ~1K values per program
-
-
-def qgemv(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor | None = None, coef: torch.Tensor | None = None,
-          out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [A, K]; w [N, K] or stacked [R, N, K]. Without ids: A independent products → [A, N]. With ids [A] (rows of
-    the stack, on the device): item a uses W[ids[a]] and x[a] (or x[0] when x has one row); with coef [A] too the
-    A products are summed under those weights → [1, N]."""
-    N, K = w.shape[-2:]
-    raw, i8, f16 = _views(w)
-    A = ids.shape[0] if ids is not None else x.shape[0]
-    x = x.contiguous()
-    x_stride = 0 if x.shape[0] == 1 and A > 1 else K
-    reduce = coef is not None
-    out = torch.empty((1 if reduce else A, N), dtype=out_dtype or x.dtype, device=x.device)
-    BN = _gemv_rows(w)
-    grid = (triton.cdiv(N, BN), 1 if reduce else A)
-    _gemv_kernel[grid](x, x_stride, raw, i8, f16, N if ids is not None else 0,
-                       ids if ids is not None else raw, coef if reduce else raw, out, N, N, raw.shape[-1],
-                       w.blocks_per_row, A, BN=BN, HAS_IDS=ids is not None, REDUCE=reduce, **_meta(w))
-    return out
-
-
 def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """x [M, K] @ w[N, K]ᵀ → [M, N] in x's dtype."""
     N, K = w.shape
@@ -184,6 +120,8 @@ def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     BM = 16 if M <= 16 else 64
     BN = 64 if BLOCKS[w.qtype][0] == 256 else 128
+    if interpreted():  # programs run one by one there, each at a fixed cost: fewer, larger ones
+        BM, BN = max(16, min(triton.next_power_of_2(M), 64)), max(16, min(triton.next_power_of_2(N), 256))
     _gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](x, raw, i8, f16, out, M, N, raw.shape[-1],
                                                           w.blocks_per_row, BM=BM, BN=BN, **_meta(w))
     return out
@@ -201,7 +139,7 @@ def dequantize(w: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tens
     raw, i8, f16 = _views(w)
     n_rows = raw.numel() // raw.shape[-1]
     out = torch.empty(w.shape, dtype=dtype, device=raw.device)
-    BN = 16
-    _dequant_kernel[(triton.cdiv(n_rows, BN), w.blocks_per_row)](raw, i8, f16, out, n_rows, raw.shape[-1],
-                                                               w.blocks_per_row, BN=BN, **_meta(w))
+    BN = 128 if interpreted() else 16  # the interpreter runs programs one by one: fewer, larger ones there
+    _dequant_kernel[(triton.cdiv(n_rows, BN),)](raw, i8, f16, out, n_rows, raw.shape[-1], w.blocks_per_row, BN=BN,
+                                               **_meta(w))
     return out
