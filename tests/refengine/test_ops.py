@@ -53,11 +53,25 @@ def test_fused_recurrent_gdn_kernel_matches_recurrent(T, dk, dv):
     assert torch.equal(args[-1], before)  # the input state is left as it was: the kernel writes a new one
 
 
-def test_chunked_gdn_resumes_from_its_own_state():
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 130])
+def test_triton_chunk_gdn_kernel_matches_recurrent(T):
+    """Tails shorter than a chunk, exactly one chunk, and a state carried over several chunks."""
+    args = gdn_inputs(T, seed=T + 1)
+    before = args[-1].clone()
+    ref_out, ref_state = gdn.get(gdn.REFERENCE)(*args)
+    out, state = gdn.get("triton_chunk")(*args)
+    assert out.shape == ref_out.shape and state.shape == ref_state.shape
+    assert rel(out, ref_out) <= GDN_BOUND
+    assert rel(state, ref_state) <= GDN_BOUND
+    assert torch.equal(args[-1], before)
+
+
+@pytest.mark.parametrize("variant", ["chunk", "triton_chunk"])
+def test_chunked_gdn_resumes_from_its_own_state(variant):
     q, k, v, g, beta, state = gdn_inputs(130, seed=7)
-    whole, _ = gdn.get("chunk")(q, k, v, g, beta, state)
-    first, mid = gdn.get("chunk")(q[:64], k[:64], v[:64], g[:64], beta[:64], state)
-    second, _ = gdn.get("chunk")(q[64:], k[64:], v[64:], g[64:], beta[64:], mid)
+    whole, _ = gdn.get(variant)(q, k, v, g, beta, state)
+    first, mid = gdn.get(variant)(q[:64], k[:64], v[:64], g[:64], beta[:64], state)
+    second, _ = gdn.get(variant)(q[64:], k[64:], v[64:], g[64:], beta[64:], mid)
     assert rel(torch.cat([first, second]), whole) <= GDN_BOUND
 
 
