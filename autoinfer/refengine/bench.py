@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from autoinfer.refengine.config import ModelConfig
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.loader import load, torch_dtype
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops.moe import ExpertBank
 from autoinfer.refengine.ops.moe.grouped import implementation
 from autoinfer.refengine.ops.quant.kernels import interpreted
+from autoinfer.refengine.options import EngineOptions
 
 
 @dataclass(frozen=True)

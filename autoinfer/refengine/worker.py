@@ -17,18 +17,11 @@ EXIT_REJECTED, EXIT_LOAD, EXIT_OOM = 2, 3, 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from autoinfer.refengine.options import add_arguments
+
     p = argparse.ArgumentParser(prog="python -m autoinfer.refengine.worker")
     p.add_argument("--model", required=True)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32")
-    p.add_argument("--weights", default="dense")
-    p.add_argument("--gdn", default="chunk")
-    p.add_argument("--moe", default="grouped")
-    p.add_argument("--prefill-chunk", type=int, default=64)
-    p.add_argument("--torch-threads", type=int, default=None)
-    p.add_argument("--expert-slots", type=int, default=0)
-    p.add_argument("--cache-policy", default="lru")
-    p.add_argument("--prefetch", action="store_true")
+    add_arguments(p)  # one flag per engine knob (refengine/options.py)
     p.add_argument("--n-prompt", type=int, default=512)
     p.add_argument("--n-gen", type=int, default=128)
     p.add_argument("--repetitions", type=int, default=3)
@@ -37,14 +30,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    import dataclasses
+
     import torch
 
-    from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+    from autoinfer.refengine.engine import ReferenceEngine
     from autoinfer.refengine.ops.moe.grouped import implementation
+    from autoinfer.refengine.options import from_namespace
 
-    options = EngineOptions(device=args.device, dtype=args.dtype, weights=args.weights, gdn=args.gdn, moe=args.moe,
-                            prefill_chunk=args.prefill_chunk, torch_threads=args.torch_threads,
-                            expert_slots=args.expert_slots, cache_policy=args.cache_policy, prefetch=args.prefetch)
+    options = from_namespace(args)
+    if args.max_context is None:  # a static state (graphs on) holds what this measurement feeds it, no more
+        options = dataclasses.replace(options, max_context=max(args.n_prompt + 1, args.n_gen, 1))
     options.check()
     started = time.perf_counter()
     engine = ReferenceEngine.from_gguf(args.model, options)
@@ -84,7 +80,7 @@ def measure(args: argparse.Namespace) -> dict:
             s = timed(lambda: decode_run(args.n_gen))
             tg.append(args.n_gen / s)
             engine_s += s
-    cuda = args.device == "cuda"
+    cuda = options.device == "cuda"
     x = torch.zeros(1, engine.cfg.hidden, dtype=engine.model.dtype, device=engine.model.device)
     return {
         "pp_samples": pp, "tg_samples": tg, "engine_s": engine_s, "load_s": load_s,
@@ -92,8 +88,8 @@ def measure(args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")
-                                   else engine.experts.banks[0]) if args.moe == "grouped" else args.moe,
-        "weights": args.weights,
+                                   else engine.experts.banks[0]) if options.moe == "grouped" else options.moe,
+        "weights": options.weights, "graphs": options.graphs,
         **engine.stats(),
     }
 

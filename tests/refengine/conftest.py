@@ -6,10 +6,12 @@ import os
 
 import pytest
 
-# The Triton kernels run on the CPU through Triton's interpreter; the flag must be set before they are decorated.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 torch = pytest.importorskip("torch")
+
+# Without a GPU the Triton kernels run on the CPU through Triton's interpreter; the flag must be set before they
+# are decorated. With one (pytest -m gpu on the device machine) they are compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # One intra-op thread: the machine's cores are shared, and two spinning threads per op make tiny shapes 10× slower.
 torch.set_num_threads(1)
 

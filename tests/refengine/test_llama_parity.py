@@ -17,7 +17,8 @@ import urllib.request
 
 import pytest
 
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
+from autoinfer.refengine.options import EngineOptions
 
 N_GEN, N_PROBS = 20, 5
 LOGPROB_BOUND = {"F32": 5e-3, "F16": 5e-2}  # measured: 1.7e-3 and 1.9e-2

@@ -8,9 +8,10 @@ import torch
 
 from autoinfer.errors import UserError
 from autoinfer.model.synth import cached_model
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.loader import load
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
+from autoinfer.refengine.options import EngineOptions
 
 BOUND = 1e-4  # relative to max|logit|: fp32 activations, only the summation order differs
 
@@ -54,6 +55,17 @@ def test_expert_cache_holds_gguf_blocks(model):
     pp, tg, engine = logits(model, prompt, weights="gguf", gdn="fused_recurrent", moe="fused", expert_slots=5)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
     assert engine.experts.stats.misses > 0 and isinstance(engine.experts.pool.gate, QuantWeight)
+
+
+def test_budget_plan_counts_experts_in_their_blocks(model):
+    """With weights: gguf an expert costs its block bytes, so the same budget holds ~7× more experts than fp32."""
+    from autoinfer.refengine.budget import DevicePlan
+
+    quant, dense = (DevicePlan.from_gguf(model, EngineOptions(weights=w)) for w in ("gguf", "dense"))
+    assert quant.expert_bytes == 3 * 256 * 256 // 256 * 144  # Q4_K: 144 bytes per 256 values
+    assert dense.expert_bytes == 3 * 256 * 256 * 4
+    engine = ReferenceEngine.from_gguf(model, EngineOptions(weights="gguf", gdn="fused_recurrent", moe="fused"))
+    assert engine.plan == quant
 
 
 def test_fused_moe_needs_gguf_weights():

@@ -27,6 +27,7 @@ VARIANTS: dict[str, GdnFn] = {"naive": recurrent_gated_delta_rule, "chunk": chun
                                "triton_chunk": triton_chunk_gated_delta_rule}
 REFERENCE = "naive"
 TRITON = {"fused_recurrent", "triton_chunk"}  # variants that need CUDA (or TRITON_INTERPRET=1)
+CAPTURE_SAFE = {"naive", "fused_recurrent", "triton_chunk"}  # a decode step reads nothing back to the host
 
 
 def get(name: str) -> GdnFn:

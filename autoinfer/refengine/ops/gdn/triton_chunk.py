@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autoinfer.refengine.ops.gdn.fused_recurrent import fused_recurrent_gated_delta_rule
 from autoinfer.refengine.ops.quant.kernels import check_device
 
 CHUNK = 64
@@ -125,8 +126,11 @@ def _output_kernel(q_ptr, k_ptr, gamma_ptr, h_ptr, vnew_ptr, out_ptr, T, H, DK: 
 
 def triton_chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                   beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A single token (a decode step) is one step of the recurrence: the fused recurrent kernel, one launch."""
     check_device(q.device)
     T, H, dk = q.shape
+    if T == 1:
+        return fused_recurrent_gated_delta_rule(q, k, v, g, beta, state)
     dv = v.shape[-1]
     if dk % 16 or dv % 16 or dk & (dk - 1) or dv & (dv - 1):
         raise ValueError(f"triton_chunk needs power-of-two head dims ≥ 16 (got dk={dk}, dv={dv})")
