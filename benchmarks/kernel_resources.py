@@ -21,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from autoinfer.refengine.ops.gdn import triton_chunk
-from autoinfer.refengine.ops.quant import gemv
+from autoinfer.refengine.ops.quant import gemv, kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 _INTS_ALIGNED = {"row_bytes", "x_stride", "out_stride", "N"}  # multiples of 16 for the model's shapes
@@ -77,6 +77,22 @@ def gemv_rows() -> list[tuple[str, str]]:
     return out
 
 
+def gemm_rows() -> list[tuple[str, str]]:
+    out = []
+    for qtype in ("Q8_0", "Q4_K", "Q6_K"):
+        qk, bb = kernels.BLOCKS[qtype]
+        pointers = {"x_ptr": "*bf16", "u8": "*u8", "i8": "*i8", "f16": "*fp16", "out_ptr": "*bf16",
+                    "x_rows_ptr": "*i64", "block_matrix_ptr": "*i32"}
+        for bm, grouped in ((64, False), (16, True), (64, True)):
+            bn = 64 if qk == 256 else 128
+            constants = dict(QTYPE=kernels._QTYPE_ID[qtype], QK=qk, BB=bb, BM=bm, BN=bn, GROUPED=grouped,
+                             SUB=min(32 if qtype == "Q6_K" else 64, qk))
+            compiled = compile_kernel(kernels._gemm_kernel, pointers, constants, 4)
+            what = "qgemm_grouped" if grouped else "qgemm"
+            out.append((f"{what} {qtype} (BM {bm}, BN {bn}), bf16 activations", report(compiled)))
+    return out
+
+
 def gdn_rows() -> list[tuple[str, str]]:
     out = []
     for kernel, constants, stages in (
@@ -92,7 +108,7 @@ def gdn_rows() -> list[tuple[str, str]]:
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels for sm_90")
-    for what, line in gemv_rows() + gdn_rows():
+    for what, line in gemv_rows() + gemm_rows() + gdn_rows():
         print(f"{what}: {line}", flush=True)
 
 

@@ -123,6 +123,29 @@ def test_glu_gemv_is_silu_gate_times_up(qtype):
     assert rel(plain, F.silu(x @ gate_dense[1].T) * (x @ up_dense[1].T)) <= 1e-5
 
 
+def test_grouping_sorts_assignments_into_blocks_of_one_matrix():
+    row = torch.tensor([3, 0, 3, 3, 1, 0])
+    g = kernels.group_by_matrix(row, 4, block=2)
+    assert g.item.tolist() == [1, 5, 4, -1, 0, 2, 3, -1]  # matrix 0: 2 rows, 1: 1 + pad, 2: none, 3: 3 + pad
+    assert g.matrix.tolist() == [0, 1, 3, 3]
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_grouped_gemm_multiplies_each_row_by_its_blocks_matrix(qtype):
+    w, dense = stack(qtype, 5, 24, 256, seed=31)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 256, generator=gen)
+    row = torch.randint(0, 5, (20,), generator=gen)  # 20 assignments of 9 tokens to 5 experts
+    token = torch.randint(0, 9, (20,), generator=gen)
+    g = kernels.group_by_matrix(row, 5, block=16)
+    x_rows = torch.where(g.item >= 0, token[g.item.clamp(min=0)], -1)
+    out = kernels.qgemm_grouped(x, w, x_rows, g)
+    real = g.item >= 0
+    want = torch.einsum("ank,ak->an", dense[row[g.item[real]]], x[x_rows[real]])
+    assert rel(out[real], want) <= 1e-5
+    assert torch.all(out[~real] == 0)  # padding rows read zeros
+
+
 def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     from autoinfer.errors import UserError
 

@@ -2,6 +2,8 @@
 
 - `qgemv` (ops/quant/gemv.py): batch-1 (or a few rows) products, the decode step's matmuls.
 - `qgemm`: prefill matmuls; weight tiles decoded into the dtype of x and multiplied with tl.dot.
+- `qgemm_grouped`: the same over a stack of matrices (experts), each block of rows with its own matrix and rows of
+  x gathered by index: the routed experts of a prefill, read in their blocks.
 - `dequantize`: whole rows to a dense tensor (used where a dense op needs the weights, e.g. prefill experts).
 
 They run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (how the tests check them against
@@ -11,6 +13,7 @@ gguf.quants). ops/quant/qweight.py documents the block layouts.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,10 +39,10 @@ def check_device(device: torch.device | str) -> None:
 
 
 @triton.jit
-def _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr):
-    """Block `blk` of each row in `rows` ([BN] int64), decoded: [BN, QK] fp32."""
+def _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE: tl.constexpr, BB: tl.constexpr, SUB: tl.constexpr):
+    """Values start .. start + SUB of block `blk` of each row in `rows` ([BN] int64), decoded: [BN, SUB] fp32."""
     base = rows[:, None] * row_bytes + blk * BB  # [BN, 1] byte offset of each row's block; always even
-    j = tl.arange(0, QK)[None, :]
+    j = start + tl.arange(0, SUB)[None, :]
     if QTYPE == 0:  # Q8_0
         d = tl.load(f16 + base // 2).to(tl.float32)
         q = tl.load(i8 + base + 2 + j).to(tl.float32)
@@ -71,20 +74,30 @@ def _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE: tl.constexpr, QK: tl.constex
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, M, N, row_bytes, n_blocks, QTYPE: tl.constexpr, QK: tl.constexpr,
-                 BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """out[M, N] = x[M, K] @ W[N, K]ᵀ, one [BM, BN] tile per program, K walked one quant block at a time."""
+def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, x_rows_ptr, block_matrix_ptr, M, N, row_bytes, n_blocks,
+                 QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 GROUPED: tl.constexpr, SUB: tl.constexpr):
+    """out[M, N] = x[M, K] @ W[N, K]ᵀ, one [BM, BN] tile per program, K walked one quant block at a time.
+    GROUPED: output row m reads x row x_rows[m] (−1: a padding row, zeros) and the rows of the stack's matrix
+    block_matrix[m // BM]: every BM-row block belongs to one matrix (one expert)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     m = pid_m * BM + tl.arange(0, BM)
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, N - 1).to(tl.int64)
-    j = tl.arange(0, QK)
+    if GROUPED:
+        x_row = tl.load(x_rows_ptr + m, mask=m < M, other=-1).to(tl.int64)
+        rows += tl.load(block_matrix_ptr + pid_m).to(tl.int64) * N
+    else:
+        x_row = tl.where(m < M, m, -1).to(tl.int64)
+    j = tl.arange(0, SUB)
     K = n_blocks * QK
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for blk in range(0, n_blocks):
-        x = tl.load(x_ptr + m[:, None].to(tl.int64) * K + blk * QK + j[None, :], mask=m[:, None] < M, other=0.0)
-        w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB).to(x.dtype)
-        acc += tl.dot(x, tl.trans(w))
+        for start in tl.static_range(0, QK, SUB):  # a K-quant block in parts: a whole one spills at BN = 64
+            x = tl.load(x_ptr + x_row[:, None] * K + blk * QK + start + j[None, :], mask=x_row[:, None] >= 0,
+                        other=0.0)
+            w = _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE, BB, SUB).to(x.dtype)
+            acc += tl.dot(x, tl.trans(w))
     tl.store(out_ptr + m[:, None].to(tl.int64) * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(m[:, None] < M) & (n[None, :] < N))
 
@@ -96,7 +109,7 @@ def _dequant_kernel(u8, i8, f16, out_ptr, n_rows, row_bytes, n_blocks, QTYPE: tl
     rows = tl.minimum(n, n_rows - 1).to(tl.int64)
     j = tl.arange(0, QK)
     for blk in range(0, n_blocks):
-        w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB)
+        w = _tile(u8, i8, f16, rows, row_bytes, blk, 0, QTYPE, BB, QK)
         tl.store(out_ptr + rows[:, None] * (n_blocks * QK) + blk * QK + j[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=n[:, None] < n_rows)
 
@@ -111,6 +124,22 @@ def _meta(w: QuantWeight) -> dict:
     return dict(QTYPE=_QTYPE_ID[w.qtype], QK=qk, BB=bb)
 
 
+def _sub(w: QuantWeight) -> int:
+    """Values of a block the GEMM decodes at a time: parts small enough not to spill on sm_90 (Q6_K's decode is the
+    heaviest: 32; benchmarks/kernel_resources.py); interpreted, whole blocks (fewer steps)."""
+    if interpreted():
+        return BLOCKS[w.qtype][0]
+    return min(32 if w.qtype == "Q6_K" else 64, BLOCKS[w.qtype][0])
+
+
+def _gemm_tiles(w: QuantWeight, M: int, N: int) -> tuple[int, int]:
+    BM = 16 if M <= 16 else 64
+    BN = 64 if BLOCKS[w.qtype][0] == 256 else 128
+    if interpreted():  # programs run one by one there, each at a fixed cost: fewer, larger ones
+        BM, BN = max(16, min(triton.next_power_of_2(M), 64)), max(16, min(triton.next_power_of_2(N), 256))
+    return BM, BN
+
+
 def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """x [M, K] @ w[N, K]ᵀ → [M, N] in x's dtype."""
     N, K = w.shape
@@ -118,12 +147,51 @@ def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     x = x.contiguous()
     M = x.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    BM = 16 if M <= 16 else 64
-    BN = 64 if BLOCKS[w.qtype][0] == 256 else 128
-    if interpreted():  # programs run one by one there, each at a fixed cost: fewer, larger ones
-        BM, BN = max(16, min(triton.next_power_of_2(M), 64)), max(16, min(triton.next_power_of_2(N), 256))
-    _gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](x, raw, i8, f16, out, M, N, raw.shape[-1],
-                                                          w.blocks_per_row, BM=BM, BN=BN, **_meta(w))
+    BM, BN = _gemm_tiles(w, M, N)
+    _gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](x, raw, i8, f16, out, raw, raw, M, N, raw.shape[-1],
+                                                          w.blocks_per_row, BM=BM, BN=BN, GROUPED=False, SUB=_sub(w),
+                                                          **_meta(w))
+    return out
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Assignments sorted by matrix and padded to whole blocks of `block` rows, each block one matrix: slot s holds
+    assignment item[s] (−1: padding); block b multiplies by matrix matrix[b] of the stack."""
+
+    item: torch.Tensor  # [S] int64
+    matrix: torch.Tensor  # [S / block] int32
+    block: int
+
+
+def group_by_matrix(matrix_of: torch.Tensor, n_matrices: int, block: int) -> Grouping:
+    """Sort assignments (matrix_of [A]: the stack matrix each uses) into blocks of one matrix. Reads the padded
+    total back to the host once (a prefill step, not a graph)."""
+    counts = torch.bincount(matrix_of, minlength=n_matrices)
+    padded = (counts + block - 1) // block * block
+    total = int(padded.sum())
+    order = torch.argsort(matrix_of, stable=True)
+    ranked = matrix_of[order]
+    rank = torch.arange(order.numel(), device=order.device) - (counts.cumsum(0) - counts)[ranked]
+    item = torch.full((total,), -1, dtype=torch.long, device=order.device)
+    item[(padded.cumsum(0) - padded)[ranked] + rank] = order
+    matrix = torch.repeat_interleave(torch.arange(n_matrices, device=order.device, dtype=torch.int32), padded // block,
+                                     output_size=total // block)
+    return Grouping(item, matrix, block)
+
+
+def qgemm_grouped(x: torch.Tensor, w: QuantWeight, x_rows: torch.Tensor, grouping: Grouping) -> torch.Tensor:
+    """Row s of the result = x[x_rows[s]] @ W[matrix of s's block]ᵀ (x_rows −1: zeros) → [S, N] in x's dtype,
+    with W a stack [R, N, K] kept in its GGUF blocks: the experts of a prefill, never decoded to memory."""
+    N, K = w.shape[-2:]
+    raw, i8, f16 = _views(w)
+    x = x.contiguous()
+    S = x_rows.shape[0]
+    out = torch.empty((S, N), dtype=x.dtype, device=x.device)
+    BN = _gemm_tiles(w, grouping.block, N)[1]
+    _gemm_kernel[(S // grouping.block, triton.cdiv(N, BN))](
+        x, raw, i8, f16, out, x_rows.contiguous(), grouping.matrix, S, N, raw.shape[-1], w.blocks_per_row,
+        BM=grouping.block, BN=BN, GROUPED=True, SUB=_sub(w), **_meta(w))
     return out
 
 
