@@ -1,7 +1,5 @@
-"""One measurement of the reference engine in its own process (`python -m autoinfer.refengine.worker ...`).
-
-Same method as llama-bench: one warm-up (the whole prompt, then one token), then for each repetition a prefill of
-n_prompt random tokens from an empty state (pp) and n_gen single-token decode steps from an empty state (tg).
+"""One measurement of the reference engine in its own process (`python -m autoinfer.refengine.worker ...`), timed
+as refengine/timing.py says (llama-bench's method).
 The result is one JSON line on stdout. Exit status 2: the configuration was rejected; 3: the model could not be
 loaded; 4: out of memory.
 """
@@ -37,6 +35,8 @@ def measure(args: argparse.Namespace) -> dict:
     from autoinfer.refengine.engine import ReferenceEngine
     from autoinfer.refengine.ops.moe.grouped import implementation
     from autoinfer.refengine.options import from_namespace
+    from autoinfer.refengine.timing import measure as measure_engine
+    from autoinfer.refengine.timing import random_tokens
 
     options = from_namespace(args)
     if args.max_context is None:  # a static state (graphs on) holds what this measurement feeds it, no more
@@ -46,44 +46,12 @@ def measure(args: argparse.Namespace) -> dict:
     engine = ReferenceEngine.from_gguf(args.model, options)
     engine.sync()
     load_s = time.perf_counter() - started
-    gen = torch.Generator().manual_seed(args.seed)
-    vocab = engine.cfg.vocab
-
-    def tokens(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=gen).tolist()
-
-    def timed(fn) -> float:
-        engine.sync()
-        t0 = time.perf_counter()
-        fn()
-        engine.sync()
-        return time.perf_counter() - t0
-
-    def decode_run(n: int) -> None:
-        state = engine.new_state()
-        for t in tokens(n):
-            engine.decode(t, state)
-
-    if args.n_prompt:
-        _, state = engine.prefill(tokens(args.n_prompt))  # warm-up
-        engine.decode(tokens(1)[0], state)
-    elif args.n_gen:
-        decode_run(1)
-    pp, tg, engine_s = [], [], 0.0
-    for _ in range(args.repetitions):
-        if args.n_prompt:
-            prompt = tokens(args.n_prompt)
-            s = timed(lambda: engine.prefill(prompt))
-            pp.append(args.n_prompt / s)
-            engine_s += s
-        if args.n_gen:
-            s = timed(lambda: decode_run(args.n_gen))
-            tg.append(args.n_gen / s)
-            engine_s += s
+    samples = measure_engine(engine, args.n_prompt, args.n_gen, args.repetitions,
+                             random_tokens(engine.cfg.vocab, args.seed))
     cuda = options.device == "cuda"
     x = torch.zeros(1, engine.cfg.hidden, dtype=engine.model.dtype, device=engine.model.device)
     return {
-        "pp_samples": pp, "tg_samples": tg, "engine_s": engine_s, "load_s": load_s,
+        "pp_samples": samples.pp, "tg_samples": samples.tg, "engine_s": samples.engine_s, "load_s": load_s,
         "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
