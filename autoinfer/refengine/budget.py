@@ -1,8 +1,8 @@
 """How the reference engine fills a device memory budget: everything but the routed experts on the device, the
 sequence state at max_context, a reserve, and as many expert slots as the rest holds (all experts when they fit).
 
-Sizes are the bytes as placed: matrices kept in GGUF blocks (weights: gguf) count their block bytes, decoded ones
-`dtype`'s size, norms/routers/conv fp32, the embedding table decoded. `DevicePlan.from_gguf` plans from the file's
+Sizes are the bytes as placed: matrices kept in GGUF blocks (weights: gguf; the embedding table too) count their
+block bytes, decoded ones `dtype`'s size, norms/routers/conv fp32. `DevicePlan.from_gguf` plans from the file's
 header before anything is loaded; `from_weights` measures the loaded tensors; the tests hold them equal.
 """
 
@@ -67,7 +67,7 @@ class DevicePlan:
         def placed(t) -> int:
             if _FP32.search(t.name):
                 return math.prod(t.shape) * 4
-            if options.weights == "gguf" and t.ggml_type in BLOCKS and t.name != "token_embd.weight":
+            if options.weights == "gguf" and t.ggml_type in BLOCKS:
                 return t.n_bytes
             return math.prod(t.shape) * elt
 

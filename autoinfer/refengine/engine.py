@@ -13,7 +13,7 @@ from autoinfer.refengine.cache.experts import ExpertCache, ResidentExperts, host
 from autoinfer.refengine.cache.snapshots import SnapshotCache
 from autoinfer.refengine.config import ModelConfig
 from autoinfer.refengine.graphs import DecodeGraph
-from autoinfer.refengine.loader import ModelWeights, load
+from autoinfer.refengine.loader import ModelWeights, load, torch_dtype
 from autoinfer.refengine.model import Qwen35Moe
 from autoinfer.refengine.ops.moe import ExpertBank
 from autoinfer.refengine.options import EngineOptions
@@ -41,7 +41,8 @@ class ReferenceEngine:
         else:
             experts = ResidentExperts([ExpertBank(*(t.to(device) for t in (b.gate, b.up, b.down))) for b in banks])
         self.experts = experts
-        self.model = Qwen35Moe(cfg, on_device, experts, gdn=options.gdn, moe=options.moe)
+        self.model = Qwen35Moe(cfg, on_device, experts, dtype=torch_dtype(options.dtype), gdn=options.gdn,
+                               moe=options.moe)
         self.snapshots = SnapshotCache(options.prefill_chunk) if options.snapshots else None
         self.static: SequenceState | None = None  # graphs on: the one state the decode graph is recorded over
         self.graph: DecodeGraph | None = None

@@ -19,7 +19,7 @@ from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeight
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops.quant.gemv import qgemv
-from autoinfer.refengine.ops.quant.kernels import GEMV_MAX_ROWS, qlinear
+from autoinfer.refengine.ops.quant.kernels import GEMV_MAX_ROWS, dequantize, qlinear
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
 from autoinfer.refengine.state import GdnState, KVCache, SequenceState
 
@@ -40,6 +40,11 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
     return qlinear(x, w) if isinstance(w, QuantWeight) else x @ w.T
 
 
+def embed(table: torch.Tensor | QuantWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` of the embedding table; a table kept in GGUF blocks decodes only those rows."""
+    return dequantize(table[ids], dtype) if isinstance(table, QuantWeight) else table[ids]
+
+
 def glu(x: torch.Tensor, gate: torch.Tensor | QuantWeight, up: torch.Tensor | QuantWeight) -> torch.Tensor:
     """SiLU(x gateᵀ) ⊙ (x upᵀ); one kernel for both when they are GGUF blocks and x is a decode step."""
     if isinstance(gate, QuantWeight) and x.shape[0] <= GEMV_MAX_ROWS:
@@ -50,10 +55,11 @@ def glu(x: torch.Tensor, gate: torch.Tensor | QuantWeight, up: torch.Tensor | Qu
 class Qwen35Moe:
     """Stateless over sequences: every call takes and updates a SequenceState."""
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, experts, *, gdn: str = "chunk", moe: str = "grouped"):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, experts, *, dtype: torch.dtype, gdn: str = "chunk",
+                 moe: str = "grouped"):
         self.cfg, self.w, self.experts = cfg, weights, experts
         self.gdn_fn, self.moe_fn = gdn_ops.get(gdn), moe_ops.get(moe)
-        self.dtype, self.device = weights.embed.dtype, weights.embed.device
+        self.dtype, self.device = dtype, weights.out_norm.device
         half = cfg.rope_dims // 2
         self.inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=self.device) / half)
 
@@ -74,7 +80,7 @@ class Qwen35Moe:
         """The network on device tensors: token ids and their positions in, logits out, the state's caches updated
         in place. Reads no value back to the host, so with a static state and capture-safe op variants it can be
         recorded as a CUDA graph (graphs.py)."""
-        x = self.w.embed[ids]
+        x = embed(self.w.embed, ids, self.dtype)
         for i, layer in enumerate(self.w.layers):
             normed = rms_norm(x, layer.attn_norm, self.cfg.rms_eps).to(self.dtype)
             if isinstance(layer.mixer, AttentionWeights):
