@@ -19,14 +19,14 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def hf_model():
     pytest.importorskip("transformers")
-    from autoinfer.refengine.hf_gguf import tiny_hf_model
+    from hf_gguf import tiny_hf_model
 
     return tiny_hf_model(seed=0)
 
 
 @pytest.fixture(scope="session")
 def hf_gguf(hf_model, tmp_path_factory):
-    from autoinfer.refengine.hf_gguf import write_gguf
+    from hf_gguf import write_gguf
 
     return write_gguf(hf_model, tmp_path_factory.mktemp("hf") / "tiny-f32.gguf", "F32")
 

@@ -65,7 +65,7 @@ def llama_server_greedy(tools, model, prompt: list[int]) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["F32", "F16"])
 def gguf_file(request, hf_model, tmp_path_factory):
-    from autoinfer.refengine.hf_gguf import write_gguf
+    from hf_gguf import write_gguf
 
     return request.param, write_gguf(hf_model, tmp_path_factory.mktemp("llama") / f"tiny-{request.param}.gguf",
                                      request.param)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_gguf import gguf_tensors, write_gguf
 
 from autoinfer.errors import UserError
 from autoinfer.refengine.engine import ReferenceEngine
-from autoinfer.refengine.hf_gguf import gguf_tensors, write_gguf
 from autoinfer.refengine.loader import load, read_config
 from autoinfer.refengine.options import EngineOptions
 
