@@ -417,7 +417,7 @@ def build_engines(loaded: dict[str, Any], configs: dict[str, dict], dtype: str =
     return engines
 
 
-FAST = dict(weights="gguf", moe="fused", gdn="triton_chunk")
+FAST = dict(weights="gguf", moe="fused", gdn="triton_chunk", norm="triton")
 
 
 def part_small(part: Part, ctx: dict) -> None:

@@ -42,7 +42,7 @@ class ReferenceEngine:
             experts = ResidentExperts([ExpertBank(*(t.to(device) for t in (b.gate, b.up, b.down))) for b in banks])
         self.experts = experts
         self.model = Qwen35Moe(cfg, on_device, experts, dtype=torch_dtype(options.dtype), gdn=options.gdn,
-                               moe=options.moe)
+                               moe=options.moe, norm=options.norm)
         self.snapshots = SnapshotCache(options.prefill_chunk) if options.snapshots else None
         self.static: SequenceState | None = None  # graphs on: the one state the decode graph is recorded over
         self.graph: DecodeGraph | None = None

@@ -18,17 +18,13 @@ from autoinfer.refengine.config import ModelConfig
 from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeights, MoeWeights
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
+from autoinfer.refengine.ops import norm as norm_ops
 from autoinfer.refengine.ops.quant.gemv import qgemv
 from autoinfer.refengine.ops.quant.kernels import GEMV_MAX_ROWS, dequantize, qlinear
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
 from autoinfer.refengine.state import GdnState, KVCache, SequenceState
 
 L2_EPS = 1e-6  # q/k L2 norm of the GDN layers (as in the FLA kernels and HF)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def l2_norm(x: torch.Tensor) -> torch.Tensor:
@@ -56,9 +52,9 @@ class Qwen35Moe:
     """Stateless over sequences: every call takes and updates a SequenceState."""
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, experts, *, dtype: torch.dtype, gdn: str = "chunk",
-                 moe: str = "grouped"):
+                 moe: str = "grouped", norm: str = "torch"):
         self.cfg, self.w, self.experts = cfg, weights, experts
-        self.gdn_fn, self.moe_fn = gdn_ops.get(gdn), moe_ops.get(moe)
+        self.gdn_fn, self.moe_fn, self.norm = gdn_ops.get(gdn), moe_ops.get(moe), norm_ops.get(norm)
         self.dtype, self.device = dtype, weights.out_norm.device
         half = cfg.rope_dims // 2
         self.inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=self.device) / half)
@@ -82,17 +78,17 @@ class Qwen35Moe:
         recorded as a CUDA graph (graphs.py)."""
         x = embed(self.w.embed, ids, self.dtype)
         for i, layer in enumerate(self.w.layers):
-            normed = rms_norm(x, layer.attn_norm, self.cfg.rms_eps).to(self.dtype)
+            normed = self.norm(x, layer.attn_norm, self.cfg.rms_eps, self.dtype)
             if isinstance(layer.mixer, AttentionWeights):
                 mixed = self.attention(normed, layer.mixer, state.layers[i], positions)
             else:
                 mixed = self.gated_deltanet(normed, layer.mixer, state.layers[i])
             x = x + mixed.to(x.dtype)
-            normed = rms_norm(x, layer.post_norm, self.cfg.rms_eps).to(self.dtype)
+            normed = self.norm(x, layer.post_norm, self.cfg.rms_eps, self.dtype)
             x = x + self.moe(normed, layer.moe, i).to(x.dtype)
         if not all_logits:
             x = x[-1:]
-        return linear(rms_norm(x, self.w.out_norm, self.cfg.rms_eps).to(self.dtype), self.w.lm_head).float()
+        return linear(self.norm(x, self.w.out_norm, self.cfg.rms_eps, self.dtype), self.w.lm_head).float()
 
     # --- gated full attention -------------------------------------------------------------------------------
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -107,8 +103,9 @@ class Qwen35Moe:
         cfg, T = self.cfg, x.shape[0]
         qg = (linear(x, w.q)).view(T, cfg.n_heads, 2 * cfg.head_dim)
         q, gate = qg[..., :cfg.head_dim], qg[..., cfg.head_dim:].reshape(T, -1)
-        q = self.rope(rms_norm(q, w.q_norm, cfg.rms_eps), positions)
-        k = self.rope(rms_norm(linear(x, w.k).view(T, cfg.n_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_eps), positions)
+        q = self.rope(self.norm(q, w.q_norm, cfg.rms_eps), positions)
+        k = self.rope(self.norm(linear(x, w.k).view(T, cfg.n_kv_heads, cfg.head_dim), w.k_norm, cfg.rms_eps),
+                      positions)
         v = linear(x, w.v).view(T, cfg.n_kv_heads, cfg.head_dim)
         keys, values = cache.append(k.transpose(0, 1).to(self.dtype), v.transpose(0, 1), positions)  # [Hkv, S, D]
         # Grouped-query attention: the rep query heads of kv head j (heads j·rep .. j·rep + rep − 1) are one batch.
@@ -137,9 +134,9 @@ class Qwen35Moe:
         g = w.a * F.softplus(linear(x, w.alpha).float() + w.dt_bias)  # log decay, ≤ 0
         out, recurrent = self.gdn_fn(q, k, v, g, beta, state.recurrent)
         state.recurrent.copy_(recurrent)
-        z = linear(x, w.z).float().view(T, Hv, d)
-        out = rms_norm(out, w.norm, cfg.rms_eps) * F.silu(z)
-        return linear(out.reshape(T, -1).to(self.dtype), w.out)
+        z = linear(x, w.z).view(T, Hv, d)
+        out = self.norm(out, w.norm, cfg.rms_eps, self.dtype, gate=z)  # RMSNorm(o) ⊙ SiLU(z) per head
+        return linear(out.reshape(T, -1), w.out)
 
     # --- mixture of experts ----------------------------------------------------------------------------------
     def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ class EngineOptions:
     cache so that the device holds the weights, the state and a reserve within that many MiB. weights="gguf" keeps
     the quantized matrices in their GGUF blocks (Triton kernels read them); dtype is then the activations' dtype.
     prefetch = n copies the experts that the next n layers' routers predict from the current hidden state.
+    norm = "triton" runs each RMSNorm (and the GDN output gate) as one kernel instead of a torch composition.
     graphs replays decode steps from a CUDA graph over one static state of max_context positions."""
 
     device: str = "cpu"
@@ -32,6 +33,7 @@ class EngineOptions:
     weights: str = "dense"
     gdn: str = "chunk"
     moe: str = "grouped"
+    norm: str = "torch"
     prefill_chunk: int = 64
     torch_threads: int | None = None
     expert_slots: int = 0
@@ -67,6 +69,7 @@ class EngineOptions:
         from autoinfer.refengine.loader import torch_dtype
         from autoinfer.refengine.ops import gdn as gdn_ops
         from autoinfer.refengine.ops import moe as moe_ops
+        from autoinfer.refengine.ops import norm as norm_ops
         from autoinfer.refengine.ops.quant.kernels import check_device
 
         _choice("device", self.device, DEVICES)
@@ -75,9 +78,11 @@ class EngineOptions:
         torch_dtype(self.dtype)
         gdn_ops.get(self.gdn)
         moe_ops.get(self.moe)
+        norm_ops.get(self.norm)
         _choice("weights", self.weights, WEIGHTS)
         _choice("cache_policy", self.cache_policy, POLICIES)
-        if self.weights == "gguf" or self.gdn in gdn_ops.TRITON or self.moe in moe_ops.READS_BLOCKS:
+        if (self.weights == "gguf" or self.gdn in gdn_ops.TRITON or self.moe in moe_ops.READS_BLOCKS
+                or self.norm in norm_ops.TRITON):
             check_device(self.device)
         if self.moe in moe_ops.READS_BLOCKS and self.weights != "gguf":
             raise UserError(f"moe variant {self.moe!r} reads experts kept in GGUF blocks: set weights: gguf "

@@ -84,7 +84,8 @@ def test_graph_decode_matches_eager_decode(dtype, bound):
     from autoinfer.model.synth import cached_model
 
     model = cached_model("tiny", "Q4_K")
-    knobs = dict(device="cuda", dtype=dtype, weights="gguf", moe="fused", gdn="triton_chunk", max_context=64)
+    knobs = dict(device="cuda", dtype=dtype, weights="gguf", moe="fused", gdn="triton_chunk", norm="triton",
+                 max_context=64)
     eager = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
     graphed = ReferenceEngine.from_gguf(model, EngineOptions(**knobs, graphs=True))
     prompt = list(range(3, 40))

@@ -124,3 +124,18 @@ def test_loop_reference_is_the_moe_definition():
         h = F.silu(bank.gate[r] @ x[t]) * (bank.up[r] @ x[t])
         expected[t] += weight[a] * (bank.down[r] @ h)
     assert rel(moe.get("loop")(x, token, row, weight, bank), expected) <= 1e-6
+
+
+@pytest.mark.parametrize("shape, gated", [((3, 256), False), ((2, 4, 40), True), ((1, 2048), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_rms_norm_matches_torch(shape, gated, dtype):
+    from autoinfer.refengine.ops import norm
+
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    weight = torch.rand(shape[-1], generator=gen) + 0.5
+    gate = torch.randn(*shape, generator=gen).to(dtype) if gated else None
+    ref = norm.get(norm.REFERENCE)(x, weight, 1e-6, dtype, gate=gate)
+    out = norm.get("triton")(x, weight, 1e-6, dtype, gate=gate)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert rel(out.float(), ref.float()) <= (1e-6 if dtype == torch.float32 else 1e-2)

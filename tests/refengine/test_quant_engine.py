@@ -39,11 +39,12 @@ def test_matrices_stay_in_their_blocks(model):
     assert moe.router.dtype == torch.float32  # routers, norms and conv stay dense fp32
 
 
-@pytest.mark.parametrize("gdn, moe", [("fused_recurrent", "fused"), ("chunk", "grouped")])
-def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe):
+@pytest.mark.parametrize("gdn, moe, norm", [("fused_recurrent", "fused", "triton"), ("triton_chunk", "fused", "torch"),
+                                            ("chunk", "grouped", "torch")])
+def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe, norm):
     prompt = list(range(3, 15))  # 12 tokens: more than GEMV_MAX_ROWS, so prefill takes the GEMM path
     ref_pp, ref_tg, _ = logits(model, prompt)
-    pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe)
+    pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe, norm=norm)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
     dense_bytes = ReferenceEngine.from_gguf(model, EngineOptions()).experts.device_bytes()
     assert engine.experts.device_bytes() < dense_bytes / 3  # ≤ 8.5 bits per weight instead of 32
