@@ -94,7 +94,12 @@ def gemm_rows() -> list[tuple[str, str]]:
 
 
 def gdn_rows() -> list[tuple[str, str]]:
-    out = []
+    from autoinfer.refengine.ops.gdn import fused_decode
+
+    pointers = {name: "*fp32" for name in fused_decode._decode_kernel.arg_names if name.endswith("_ptr")}
+    pointers["qkv_ptr"] = pointers["b_ptr"] = pointers["alpha_ptr"] = "*bf16"
+    compiled = compile_kernel(fused_decode._decode_kernel, pointers, dict(KW=4, DK=128, DV=128, BV=32), 4)
+    out = [("gdn fused decode step dk=dv=128", report(compiled))]
     for kernel, constants, stages in (
             (triton_chunk._prepare_kernel, dict(DK=128, DV=128, C=64, BK=64), 3),
             (triton_chunk._state_kernel, dict(DK=128, DV=128, C=64, BV=32), 1),

@@ -19,6 +19,7 @@ from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeight
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops import norm as norm_ops
+from autoinfer.refengine.ops.gdn.fused_decode import fused_gdn_decode
 from autoinfer.refengine.ops.quant.gemv import qgemv
 from autoinfer.refengine.ops.quant.kernels import GEMV_MAX_ROWS, dequantize, qlinear
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
@@ -55,6 +56,7 @@ class Qwen35Moe:
                  moe: str = "grouped", norm: str = "torch"):
         self.cfg, self.w, self.experts = cfg, weights, experts
         self.gdn_fn, self.moe_fn, self.norm = gdn_ops.get(gdn), moe_ops.get(moe), norm_ops.get(norm)
+        self.fused_gdn_decode = gdn in gdn_ops.TRITON  # Triton GDN variants fuse a whole decode step
         self.dtype, self.device = dtype, weights.out_norm.device
         half = cfg.rope_dims // 2
         self.inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=self.device) / half)
@@ -121,6 +123,19 @@ class Qwen35Moe:
     def gated_deltanet(self, x: torch.Tensor, w: GdnWeights, state: GdnState) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
         Hk, Hv, d = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
+        if T == 1 and self.fused_gdn_decode:  # everything between the projections and the output norm, fused
+            out = fused_gdn_decode(linear(x, w.qkv), state.conv, w.conv, linear(x, w.beta), linear(x, w.alpha),
+                                   w.dt_bias, w.a, state.recurrent, Hk)
+        else:
+            out = self.gdn_core(x, w, state)
+        z = linear(x, w.z).view(T, Hv, d)
+        out = self.norm(out, w.norm, cfg.rms_eps, self.dtype, gate=z)  # RMSNorm(o) ⊙ SiLU(z) per head
+        return linear(out.reshape(T, -1), w.out)
+
+    def gdn_core(self, x: torch.Tensor, w: GdnWeights, state: GdnState) -> torch.Tensor:
+        """Causal conv, SiLU, L2 norms and gates, then the gated delta rule: o [T, Hv, dv] fp32."""
+        cfg, T = self.cfg, x.shape[0]
+        Hk, Hv, d = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
         mixed = torch.cat([state.conv, linear(x, w.qkv).float()])  # [K−1+T, C]: the causal window
         state.conv.copy_(mixed[-(cfg.conv_kernel - 1):])  # caches are updated in place (static states)
         windows = mixed.unfold(0, cfg.conv_kernel, 1)  # [T, C, K]
@@ -134,9 +149,7 @@ class Qwen35Moe:
         g = w.a * F.softplus(linear(x, w.alpha).float() + w.dt_bias)  # log decay, ≤ 0
         out, recurrent = self.gdn_fn(q, k, v, g, beta, state.recurrent)
         state.recurrent.copy_(recurrent)
-        z = linear(x, w.z).view(T, Hv, d)
-        out = self.norm(out, w.norm, cfg.rms_eps, self.dtype, gate=z)  # RMSNorm(o) ⊙ SiLU(z) per head
-        return linear(out.reshape(T, -1), w.out)
+        return out
 
     # --- mixture of experts ----------------------------------------------------------------------------------
     def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

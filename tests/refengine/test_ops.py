@@ -139,3 +139,30 @@ def test_triton_rms_norm_matches_torch(shape, gated, dtype):
     out = norm.get("triton")(x, weight, 1e-6, dtype, gate=gate)
     assert out.dtype == dtype and out.shape == x.shape
     assert rel(out.float(), ref.float()) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("Hk, Hv, d, KW", [(2, 4, 16, 4), (1, 2, 32, 3)])
+def test_fused_gdn_decode_matches_the_torch_step(Hk, Hv, d, KW):
+    """Conv over the window, SiLU, L2 norms, gates and one recurrence step, as model.gdn_core does them in torch."""
+    from autoinfer.refengine.ops.gdn.fused_decode import fused_gdn_decode
+
+    gen = torch.Generator().manual_seed(Hv + KW)
+    key, value = Hk * d, Hv * d
+    C = 2 * key + value
+    qkv, b, alpha = torch.randn(1, C, generator=gen), torch.randn(1, Hv, generator=gen), torch.randn(1, Hv, generator=gen)
+    conv, weight = torch.randn(KW - 1, C, generator=gen), torch.randn(C, KW, generator=gen) * 0.5
+    dt_bias, a = torch.randn(Hv, generator=gen), -torch.rand(Hv, generator=gen) * 3
+    state = torch.randn(Hv, d, d, generator=gen)
+
+    window = torch.cat([conv, qkv])  # the torch path of model.gdn_core for T = 1
+    act = F.silu((window.T * weight).sum(-1))
+    q, k, v = act.split([key, key, value])
+    q = F.normalize(q.view(Hk, d), dim=-1, eps=0).repeat(Hv // Hk, 1)[None] / d**0.5
+    k = F.normalize(k.view(Hk, d), dim=-1, eps=0).repeat(Hv // Hk, 1)[None]
+    g = a * F.softplus(alpha + dt_bias)
+    ref_out, ref_state = gdn.get("naive")(q, k, v.view(1, Hv, d), g, torch.sigmoid(b), state)
+
+    conv_state, recurrent = conv.clone(), state.clone()
+    out = fused_gdn_decode(qkv, conv_state, weight, b, alpha, dt_bias, a, recurrent, Hk)
+    assert rel(out, ref_out) <= 1e-5 and rel(recurrent, ref_state) <= 1e-5
+    assert torch.equal(conv_state, window[1:])  # the window moved on by the new token

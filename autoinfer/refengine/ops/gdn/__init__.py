@@ -5,7 +5,8 @@
 q, k: [T, H, dk] (L2-normalised, q already scaled by 1/√dk), v: [T, H, dv], g: [T, H] log decay ≤ 0,
 beta: [T, H], state: [H, dk, dv]; everything fp32. `naive` is the reference; `chunk` its chunked form in torch;
 `fused_recurrent` (one token after another, the decode kernel) and `triton_chunk` (the chunked form, for prefill)
-are Triton kernels (CUDA, or the CPU under TRITON_INTERPRET=1).
+are Triton kernels (CUDA, or the CPU under TRITON_INTERPRET=1). With a Triton variant the model runs a decode step
+(one token) through fused_decode.py instead: conv, norms, gates and recurrence in one kernel.
 """
 
 from __future__ import annotations
