@@ -502,7 +502,8 @@ def part_budget(part: Part, ctx: dict) -> None:
             engine.decode(t, state)
         st = engine.experts.stats
         experts[name] = st.as_dict()
-        part.lines.append(f"| {name} | {st.hit_rate:.1%} | {st.prefetched} | {st.prefetch_used} | "
+        hit = "all experts resident" if st.hit_rate is None else f"{st.hit_rate:.1%}"
+        part.lines.append(f"| {name} | {hit} | {st.prefetched} | {st.prefetch_used} | "
                           f"{st.bytes_fetched / 64 / 2**20:.1f} |")
     peak = torch.cuda.max_memory_reserved() / 2**20
     part.lines += ["", f"torch's peak reserved device memory {peak:.0f} MiB with both engines built (the budget holds "
