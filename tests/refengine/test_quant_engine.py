@@ -74,3 +74,23 @@ def test_fused_moe_needs_gguf_weights():
         EngineOptions(moe="fused").check()
     with pytest.raises(UserError, match="weights 'q4'"):
         EngineOptions(weights="q4").check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_streamed_experts_give_the_resident_logits_on_the_gpu(model, prefetch):
+    """Experts copied from pinned host memory into 5 device slots (prefetches on their own stream) compute what
+    resident experts do, over a prefill and decode steps."""
+    knobs = dict(device="cuda", weights="gguf", gdn="triton_chunk", moe="fused", norm="triton")
+    resident = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    streamed = ReferenceEngine.from_gguf(model, EngineOptions(**knobs, expert_slots=5, prefetch=prefetch))
+    prompt = list(range(5, 40))
+    a, sa = resident.prefill(prompt)
+    b, sb = streamed.prefill(prompt)
+    for _ in range(8):
+        assert rel(b, a) <= BOUND
+        token = int(a[-1].argmax())
+        a, b = resident.decode(token, sa), streamed.decode(token, sb)
+    stats = streamed.experts.stats
+    assert stats.misses > 0 and (stats.prefetched > 0) == (prefetch > 0)
