@@ -446,7 +446,7 @@ def part_35b(part: Part, ctx: dict) -> None:
     from autoinfer.model.synth import cached_model
 
     t0 = time.monotonic()
-    model = cached_model("35b-a3b", "Q4_K")
+    model = ctx["model_35b_path"] or cached_model("35b-a3b", "Q4_K")
     part.lines.append(f"{model} ready in {time.monotonic() - t0:.0f} s")
     ctx["model_35b"] = model
     # Experts pinned at load: the budget part's expert cache copies from these same host tensors.
@@ -524,11 +524,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--llama-budget-args", default="-ngl 99 -ncmoe 28 -t 16 -fa 1",
                    help="llama-bench flags of the best llama.cpp configuration for the budget")
     p.add_argument("--time-limit", type=float, default=520, help="seconds for the whole run")
+    p.add_argument("--model-35b", type=Path, default=None,
+                   help="an existing 35B-A3B Q4_K GGUF (default: the synthetic one, written once per machine)")
     args = p.parse_args(argv)
     report = Report(args.out, args.time_limit)
     ctx: dict[str, Any] = {"llama": find_llama_bench(args.llama_bin), "rounds": args.rounds, "reps": args.reps,
                            "budget_mib": args.budget_mib, "llama_budget_args": shlex.split(args.llama_budget_args),
-                           "bandwidth": float("nan")}
+                           "bandwidth": float("nan"), "model_35b_path": args.model_35b}
     report.header.append(f"`{' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}`; "
                          f"llama-bench: {ctx['llama'] or 'none (LLAMA_BIN unset)'}")
     wanted = args.parts.split(",")
