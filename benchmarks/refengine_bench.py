@@ -3,7 +3,8 @@
     LLAMA_BIN=/path/to/llama.cpp/cuda/bin python3 benchmarks/refengine_bench.py --out $OUT/refengine
 
 Parts, each in its own try block (a failure is recorded with its reason and the next part runs; results are
-rewritten to <out>/refengine-bench.md and .json after every part, so a run cut short keeps what it measured):
+rewritten to <out>/refengine-bench.md and .json after every part, so a run cut short keeps what it measured).
+They run in the order --parts gives; by default the targets first (env, gdn, 35b, budget), then gemv and small:
 
 1. env      device, copy bandwidth (device to device, bytes read + written) and pinned host-to-device bandwidth.
 2. gemv     the quantized GEMV kernels on the 35B-A3B decode shapes: GB/s against the copy bandwidth, default
@@ -517,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results")) / "refengine")
     p.add_argument("--llama-bin", default=None, help="llama.cpp's bin folder (default: $LLAMA_BIN)")
-    p.add_argument("--parts", default="env,gemv,gdn,small,35b,budget")
+    p.add_argument("--parts", default="env,gdn,35b,budget,gemv,small",
+                   help="run in this order: the targets first, the diagnostics (gemv tilings, small model) last")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--budget-mib", type=float, default=8192)
@@ -534,12 +536,13 @@ def main(argv: list[str] | None = None) -> None:
                            "bandwidth": float("nan"), "model_35b_path": args.model_35b}
     report.header.append(f"`{' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}`; "
                          f"llama-bench: {ctx['llama'] or 'none (LLAMA_BIN unset)'}")
-    wanted = args.parts.split(",")
-    plan = [("env", part_env, 5), ("gemv", part_gemv, 60), ("gdn", part_gdn, 30), ("small", part_small, 60),
-            ("35b", part_35b, 240), ("budget", part_budget, 100)]
-    for name, fn, need in plan:
-        if name in wanted:
-            report.run(name, lambda part, fn=fn: fn(part, ctx), need)
+    parts = {"env": (part_env, 5), "gemv": (part_gemv, 60), "gdn": (part_gdn, 30), "small": (part_small, 60),
+             "35b": (part_35b, 240), "budget": (part_budget, 100)}
+    for name in args.parts.split(","):
+        if name not in parts:
+            raise SystemExit(f"unknown part {name!r}: choose from {', '.join(parts)}")
+        fn, need = parts[name]
+        report.run(name, lambda part, fn=fn: fn(part, ctx), need)
     log(report.markdown())
 
 
