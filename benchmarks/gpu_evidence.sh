@@ -5,7 +5,8 @@
 #       knobs (two tables of secondary knobs at 10 placements: ubatch x type_k x threads; pattern x load mode x ubatch),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
-#       refengine (reference engine vs llama-bench on the small and 35B models),
+#       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
+#       small and 35B models, all on the GPU and within 8 GiB),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
 #       sweep2gpu (a short informed campaign on two GPUs within 8 GiB each),
 #       workers2gpu (`autoinfer worker --gpus 0,1` on a throwaway PostgreSQL: one worker per GPU, one measurement
@@ -62,10 +63,11 @@ for step in "$@"; do
       ai export --study h100-8gb --format server
       cp "$AUTOINFER_RESULTS/autoinfer.db" "$OUT/h100-8gb.db"
       ;;
-    refengine)
-      python3 benchmarks/refengine_bench.py --model "$SMALL" --device cuda --dtype bf16 --out "$OUT/refengine"
-      python3 benchmarks/refengine_bench.py --model "$BIG" --device cuda --dtype bf16 --budget-mib 16384 \
-        --prefetch --out "$OUT/refengine"
+    refengine)  # LLAMA_BUDGET_ARGS: llama-bench flags of the best llama.cpp configuration within 8 GiB
+      python3 -m pytest -q -p no:cacheprovider -m gpu tests/refengine/test_graphs.py \
+        tests/refengine/test_quant_engine.py 2>&1 | tee "$OUT/refengine-gpu-tests.txt"
+      python3 benchmarks/refengine_bench.py --out "$OUT/refengine" $([ -f "$BIG" ] && echo --model-35b "$BIG") \
+        ${LLAMA_BUDGET_ARGS:+--llama-budget-args "$LLAMA_BUDGET_ARGS"}
       ;;
     multigpu)
       python3 -m pytest -q -p no:cacheprovider tests/worker/test_multi_gpu_device.py 2>&1 | tee "$OUT/multi-gpu-tests.txt"

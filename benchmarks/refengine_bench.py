@@ -1,101 +1,549 @@
-"""Reference engine vs llama-bench on the same GGUF: op variants, whole-engine prefill/decode, bandwidth floors.
+"""The reference engine against llama.cpp on one GPU, from scratch, in one command (≤ 8 minutes on an H100):
 
-Run on a GPU machine (one model per invocation keeps each under a few minutes):
-    autoinfer model synth /tmp/small.gguf --preset small --qtype Q8_0
-    python benchmarks/refengine_bench.py --model /tmp/small.gguf --device cuda --dtype bf16 --out results/refengine
-    autoinfer model synth /tmp/35b.gguf --preset 35b-a3b --qtype Q4_K       # 19.6 GB, the anchors' file
-    python benchmarks/refengine_bench.py --model /tmp/35b.gguf --device cuda --dtype bf16 --out results/refengine
-    python benchmarks/refengine_bench.py --model /tmp/35b.gguf --device cuda --dtype bf16 --budget-mib 16384 \
-        --prefetch --skip-llama --out results/refengine
-Writes <out>/<model>-<device>-<dtype>[-budget].md and .json: the `autoinfer engine bench` rows, then llama-bench's
-pp/tg (all layers on the GPU, flash attention on) for the same file. Q8_0, Q4_0 and Q4_K files are dequantized on the
-GPU while loading; bf16 weights of the 35B-A3B model take ~69 GB (all resident fits an 80 GB H100, barely).
+    LLAMA_BIN=/path/to/llama.cpp/cuda/bin python3 benchmarks/refengine_bench.py --out $OUT/refengine
+
+Parts, each in its own try block (a failure is recorded with its reason and the next part runs; results are
+rewritten to <out>/refengine-bench.md and .json after every part, so a run cut short keeps what it measured).
+They run in the order --parts gives; by default the targets first (env, gdn, 35b, budget), then gemv and small:
+
+1. env      device, copy bandwidth (device to device, bytes read + written) and pinned host-to-device bandwidth.
+2. gemv     the quantized GEMV kernels on the 35B-A3B decode shapes: GB/s against the copy bandwidth, default
+            tiling and the best of a few others.
+3. gdn      the chunked GDN prefill kernel (gdn: triton_chunk) against flash-linear-attention's
+            chunk_gated_delta_rule on the model's shapes, and the decode kernel against its
+            fused_recurrent_gated_delta_rule; errors against the naive recurrence. Needs the fla-core wheel.
+4. small    the synthetic `small` preset (Q4_K): readable path, GGUF-block kernels, and those with the decode step as
+            a CUDA graph; logits and greedy tokens against the readable path; tg/pp interleaved with llama-bench.
+5. 35b      the synthetic 35B-A3B (Q4_K, 19.6 GB, written first): all on the GPU against llama-bench -ngl 99,
+            interleaved rounds, ratio CIs, the fraction of the weight-bandwidth floor; then the same file under a
+            device budget (--budget-mib, experts streamed from pinned host memory through the expert cache with
+            prefetch) against llama-bench with --llama-budget-args (the best llama.cpp configuration autoinfer found
+            for that budget: pass it), with hit rates and the measured device peak.
+
+A part whose estimated time no longer fits --time-limit is skipped and says so. llama-bench comes from LLAMA_BIN
+(or --llama-bin); without one the llama.cpp columns are left out. Ratios are ours / llama.cpp: medians of all
+samples of the interleaved rounds, 95% bootstrap intervals.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import json
+import os
+import shlex
+import statistics
 import subprocess
-from dataclasses import asdict
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+# --- results ---------------------------------------------------------------------------------------------------
 
 
-def llama_bench(model: Path, n_prompt: int, n_gen: int, reps: int, llama_bin: Path | None, cuda: bool) -> dict:
-    from autoinfer.engines.llama_bench import parse_records
-    from autoinfer.llama.build import find_tools
+@dataclass
+class Part:
+    name: str
+    status: str = "pending"  # ok | failed | skipped
+    reason: str = ""
+    lines: list[str] = field(default_factory=list)  # markdown
+    data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
 
-    tools = find_tools(llama_bin, cuda=cuda or None)
-    argv = [str(tools.tool("llama-bench")), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen),
-            "-r", str(reps), "-ngl", "99" if cuda else "0", "-fa", "1", "-o", "json"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        return {"argv": argv, "error": proc.stderr[-2000:]}
-    out = {"argv": argv, "commit": tools.commit}
-    for rec in parse_records(proc.stdout):
-        kind = "pp" if int(rec["n_gen"]) == 0 else "tg"
-        out[kind] = {"avg_ts": rec["avg_ts"], "stddev_ts": rec["stddev_ts"], "samples_ts": rec.get("samples_ts")}
+
+@dataclass
+class Report:
+    out: Path
+    limit_s: float
+    started: float = field(default_factory=time.monotonic)
+    parts: list[Part] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+
+    def left(self) -> float:
+        return self.limit_s - (time.monotonic() - self.started)
+
+    def run(self, name: str, fn: Callable[[Part], None], need_s: float = 0.0) -> Part:
+        """fn(part) fills the part; an exception fails it with the reason; no time left skips it."""
+        part = Part(name)
+        self.parts.append(part)
+        if self.left() < need_s:
+            part.status, part.reason = "skipped", f"needs ~{need_s:.0f} s, {max(self.left(), 0):.0f} s left"
+        else:
+            log(f"== {name} ({self.left():.0f} s left)")
+            t0 = time.monotonic()
+            try:
+                fn(part)
+                part.status = "ok"
+            except Exception as exc:  # noqa: BLE001 — every failure is recorded, the next part runs
+                part.status, part.reason = "failed", f"{type(exc).__name__}: {exc}"
+                part.data["traceback"] = traceback.format_exc()
+                log(part.data["traceback"])
+            part.seconds = time.monotonic() - t0
+        log(f"== {name}: {part.status} {part.reason}")
+        self.write()
+        return part
+
+    def markdown(self) -> str:
+        lines = ["# Reference engine vs llama.cpp", *self.header, ""]
+        for p in self.parts:
+            lines.append(f"## {p.name}: {p.status}" + (f" ({p.reason})" if p.reason else "")
+                         + (f", {p.seconds:.0f} s" if p.seconds else ""))
+            lines += [*p.lines, ""]
+        return "\n".join(lines)
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "refengine-bench.md").write_text(self.markdown() + "\n")
+        (self.out / "refengine-bench.json").write_text(json.dumps(
+            {"header": self.header, "parts": [dataclasses.asdict(p) for p in self.parts]}, indent=1, default=str))
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+# --- statistics ------------------------------------------------------------------------------------------------
+
+
+def ratio_ci(ours: list[float], theirs: list[float], n: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """median(ours) / median(theirs) with a 95% bootstrap interval (each side resampled on its own)."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
+    boot = np.median(rng.choice(a, (n, a.size)), axis=1) / np.median(rng.choice(b, (n, b.size)), axis=1)
+    return float(np.median(a) / np.median(b)), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+def fmt_ratio(r: tuple[float, float, float]) -> str:
+    return f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})"
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# --- llama-bench -----------------------------------------------------------------------------------------------
+
+
+def parse_llama_bench(stdout: str) -> dict[str, list[float]]:
+    """pp and tg samples (tok/s) from `llama-bench -o json` output."""
+    start = stdout.find("[")
+    records = json.loads(stdout[start:]) if start >= 0 else []
+    out: dict[str, list[float]] = {"pp": [], "tg": []}
+    for rec in records:
+        kind = "tg" if int(rec.get("n_gen", 0)) > 0 else "pp"
+        out[kind] += [float(v) for v in rec.get("samples_ts") or [rec["avg_ts"]]]
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--n-prompt", type=int, default=512)
-    p.add_argument("--n-gen", type=int, default=32)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--budget-mib", type=float, default=None, help="device budget → expert cache slots")
-    p.add_argument("--prefetch", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.add_argument("--prefill-chunk", type=int, default=64, help="tokens per prefill segment")
-    p.add_argument("--skip-llama", action="store_true")
-    p.add_argument("--llama-bin", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=Path("results/refengine"))
-    args = p.parse_args()
+def llama_bench(binary: Path, model: Path, args: list[str], n_prompt: int, n_gen: int, reps: int,
+                timeout_s: float = 300) -> dict[str, list[float]]:
+    argv = [str(binary), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-r", str(reps), "-o", "json",
+            *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench exited {proc.returncode}: {proc.stderr.strip()[-600:]}")
+    return parse_llama_bench(proc.stdout)
 
+
+def find_llama_bench(llama_bin: str | None) -> Path | None:
+    folder = llama_bin or os.environ.get("LLAMA_BIN")
+    if not folder:
+        return None
+    binary = Path(folder) / "llama-bench"
+    if not binary.is_file():
+        raise SystemExit(f"no llama-bench in {folder}: point --llama-bin / LLAMA_BIN at llama.cpp's bin folder")
+    return binary
+
+
+# --- our engine ------------------------------------------------------------------------------------------------
+
+
+def engine_rounds(engines: dict[str, Any], model: Path, llama: Path | None, llama_args: list[str], rounds: int,
+                  reps: int, n_prompt: int, n_gen: int, seed: int = 0) -> dict[str, dict[str, list[float]]]:
+    """Interleaved rounds: each engine configuration, then llama-bench, `rounds` times. Samples per name."""
+    from autoinfer.refengine.timing import measure, random_tokens
+
+    samples: dict[str, dict[str, list[float]]] = {name: {"pp": [], "tg": []} for name in engines}
+    if llama is not None:
+        samples["llama.cpp"] = {"pp": [], "tg": []}
+    for r in range(rounds):
+        for name, engine in engines.items():
+            got = measure(engine, n_prompt, n_gen, reps, random_tokens(engine.cfg.vocab, seed + r), warm_up=r == 0)
+            samples[name]["pp"] += got.pp
+            samples[name]["tg"] += got.tg
+            log(f"  round {r + 1} {name}: tg {med(got.tg):.1f}, pp {med(got.pp):.0f} tok/s")
+        if llama is not None:
+            got = llama_bench(llama, model, llama_args, n_prompt, n_gen, reps)
+            samples["llama.cpp"]["pp"] += got["pp"]
+            samples["llama.cpp"]["tg"] += got["tg"]
+            log(f"  round {r + 1} llama.cpp: tg {med(got['tg']):.1f}, pp {med(got['pp']):.0f} tok/s")
+    return samples
+
+
+def speed_table(samples: dict[str, dict[str, list[float]]], floor_tg: float | None = None) -> list[str]:
+    lines = ["| configuration | tg tok/s (median, n) | pp tok/s | tg / llama.cpp (95% CI) | pp / llama.cpp (95% CI) |"
+             + (" tg / floor |" if floor_tg else ""), "|---|---|---|---|---|" + ("---|" if floor_tg else "")]
+    ref = samples.get("llama.cpp")
+    for name, s in samples.items():
+        tg_r = fmt_ratio(ratio_ci(s["tg"], ref["tg"])) if ref and ref["tg"] and s["tg"] and name != "llama.cpp" else ""
+        pp_r = fmt_ratio(ratio_ci(s["pp"], ref["pp"])) if ref and ref["pp"] and s["pp"] and name != "llama.cpp" else ""
+        floor = f" {med(s['tg']) / floor_tg:.1%} |" if floor_tg else ""
+        lines.append(f"| {name} | {med(s['tg']):.1f} ({len(s['tg'])}) | {med(s['pp']):.0f} | {tg_r} | {pp_r} |{floor}")
+    return lines
+
+
+def compare_logits(engines: dict[str, Any], prompt: list[int], steps: int) -> list[str]:
+    """Every configuration's logits and greedy tokens against the first one's, on one prompt and `steps` steps."""
+    names = list(engines)
+    ref_name = names[0]
+    runs = {}
+    for name in names:
+        engine = engines[name]
+        logits, state = engine.prefill(prompt)
+        first = logits.float().clone()
+        tokens = []
+        for _ in range(steps):
+            tokens.append(int(logits[-1].argmax()))
+            logits = engine.decode(tokens[-1], state)
+        runs[name] = (first, tokens)
+    lines = ["| configuration | prefill logits rel. error vs " + ref_name + " | greedy tokens equal |", "|---|---|---|"]
+    for name in names[1:]:
+        a, b = runs[name][0], runs[ref_name][0]
+        err = float((a - b).abs().max() / b.abs().max())
+        same = sum(x == y for x, y in zip(runs[name][1], runs[ref_name][1]))
+        lines.append(f"| {name} | {err:.1e} | {same}/{steps} |")
+    return lines
+
+
+def floor_tok_s(engine, bandwidth: float) -> tuple[float, int]:
+    """Tokens/s if a decode step only read its weights at `bandwidth`: everything but the embedding table and the
+    unused experts (the issue's floor; the GDN state adds ~4 MB read + write per layer on top)."""
+    from autoinfer.refengine.bench import decode_bytes
+
+    per_token = decode_bytes(engine.cfg, engine)
+    return bandwidth / per_token, per_token
+
+
+# --- parts -----------------------------------------------------------------------------------------------------
+
+
+def part_env(part: Part, ctx: dict) -> None:
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    bw = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), rep=200) / 1e3)
+    host = torch.empty(1 << 28, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    h2d = host.numel() / (do_bench(lambda: dev.copy_(host, non_blocking=True), rep=100) / 1e3)
+    ctx["bandwidth"] = bw
+    part.data.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                     copy_gb_s=bw / 1e9, h2d_pinned_gb_s=h2d / 1e9)
+    part.lines += [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
+                   f"device copy {bw / 1e9:.0f} GB/s (read + write), pinned host→device {h2d / 1e9:.1f} GB/s"]
+
+
+def part_gemv(part: Part, ctx: dict) -> None:
     import torch
 
-    from autoinfer.refengine.bench import run_bench
-    from autoinfer.refengine.engine import EngineOptions, slots_for_budget
-    from autoinfer.refengine.loader import read_config
+    from autoinfer.refengine.ops.quant.qweight import BLOCKS, from_gguf
 
-    cfg = read_config(args.model)
-    slots = slots_for_budget(cfg, args.dtype, args.budget_mib) if args.budget_mib else 0
-    options = EngineOptions(device=args.device, dtype=args.dtype, expert_slots=slots, prefetch=args.prefetch,
-                            torch_threads=args.threads, prefill_chunk=args.prefill_chunk)
-    bw, rows = run_bench(args.model, options, n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.reps)
-    result = {"model": str(args.model), "device": args.device, "dtype": args.dtype, "expert_slots": slots,
-              "prefetch": args.prefetch, "bandwidth_gb_s": bw / 1e9, "rows": [asdict(r) for r in rows],
-              "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None}
-    if not args.skip_llama:
-        result["llama_bench"] = llama_bench(args.model, args.n_prompt, args.n_gen, args.reps, args.llama_bin,
-                                            args.device == "cuda")
+    bw = ctx["bandwidth"]
+    halves = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 
-    lines = [f"# {args.model.name} — reference engine on {result['device_name']} {args.dtype}",
-             f"measured bandwidth {bw / 1e9:.0f} GB/s; expert slots {slots or 'all resident'}; "
-             f"prefetch {args.prefetch}; peak device memory {result['device_peak_mib'] or 0:.0f} MiB", "",
-             "| op | variant | rel. error vs ref | time ms | floor ms | floor/time | detail |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        err = "reference" if r.error is None else f"{r.error:.1e}"
-        lines.append(f"| {r.what} | {r.variant} | {err} | {r.time_ms:.2f} | {r.floor_ms:.3f} | "
-                     f"{r.floor_share:.1%} | {r.detail} |")
-    lb = result.get("llama_bench")
-    if lb:
-        lines += ["", f"llama-bench ({' '.join(lb['argv'][1:])}):"]
-        for kind in ("pp", "tg"):
-            if kind in lb:
-                lines.append(f"- {kind}: {lb[kind]['avg_ts']:.1f} ± {lb[kind]['stddev_ts']:.1f} tok/s")
-        if "error" in lb:
-            lines.append(f"- failed: {lb['error'].strip().splitlines()[-1] if lb['error'].strip() else '?'}")
-    text = "\n".join(lines)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{args.model.stem}-{args.device}-{args.dtype}" + (f"-{int(args.budget_mib)}mib" if args.budget_mib else "")
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    def weight(qtype: str, shape: tuple[int, ...]):
+        rng = np.random.default_rng(1)
+        values, nbytes = BLOCKS[qtype]
+        raw = rng.integers(0, 256, size=(int(np.prod(shape[:-1])), shape[-1] // values, nbytes), dtype=np.uint8)
+        for off in halves[qtype]:
+            raw[:, :, off:off + 2] = rng.uniform(0.001, 0.02, size=raw.shape[:2]).astype(np.float16)[..., None].view(
+                np.uint8)
+        return from_gguf(raw.reshape(*shape[:-1], -1), qtype, shape).to("cuda")
+
+    part.lines += ["| qtype | product | MiB read | default tiling µs | GB/s | of copy bw | best tiling | best µs | "
+                   "best of copy bw |", "|---|---|---|---|---|---|---|---|---|"]
+    search_until = time.monotonic() + 30  # other tilings are tried for this long (each is a compile)
+    for qtype in ("Q4_K", "Q6_K", "Q8_0"):
+        part.lines += gemv_rows(qtype, weight, bw, search_until)
+        torch.cuda.empty_cache()
+    part.lines.append("Other tilings tried for Q4_K only, for 30 s; the best column is the default where none won.")
+
+
+def gemv_rows(qtype: str, weight: Callable, bw: float, search_until: float) -> list[str]:
+    """The 35B-A3B decode products in `qtype`: default tiling, and for Q4_K the best of GEMV_GRID."""
+    import torch
+    from triton.testing import do_bench
+
+    from autoinfer.refengine.ops.quant import gemv
+
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randperm(256, device="cuda")[:8]
+    coef = torch.rand(8, device="cuda")
+    h = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
+    lm, attn = weight(qtype, (248320, 2048)), weight(qtype, (8192, 2048))
+    gate, up, down = weight(qtype, (256, 512, 2048)), weight(qtype, (256, 512, 2048)), weight(qtype, (256, 2048, 512))
+    cases = [("lm_head 248320×2048", lm.nbytes(), lambda c: gemv.qgemv(x, lm, config=c), (248320, 8, 1, False)),
+             ("attn q 8192×2048", attn.nbytes(), lambda c: gemv.qgemv(x, attn, config=c), (8192, 8, 1, False)),
+             ("8 experts gate+up (GLU)", 16 * gate[0].nbytes(), lambda c: gemv.qgemv(x, gate, ids, up=up, config=c),
+              (512, 8, 8, True)),
+             ("8 experts down, summed", 8 * down[0].nbytes(),
+              lambda c: gemv.qgemv(h, down, ids, coef, torch.float32, config=c), (2048, 2, 8, False))]
+    lines = []
+    for label, nbytes, fn, (rows, blocks, items, glu) in cases:
+        scale = 8 if qtype == "Q8_0" else 1  # Q8_0 blocks hold 32 values, K-quant blocks 256
+        default = gemv.default_config(qtype, rows, blocks * scale, items, glu)
+        t_default = do_bench(lambda: fn(default), rep=50) * 1e3
+        best = (t_default, default)
+        for rows_per, nb, warps in GEMV_GRID if qtype == "Q4_K" else ():  # other tilings: the model's type
+            cfg = gemv.GemvConfig(rows_per, nb, warps)
+            tile = rows_per * nb * triton_items(items)  # row-blocks a step decodes: 2-16 KB of weights
+            if cfg == default or not 16 <= tile <= 128 or nb > blocks or time.monotonic() > search_until:
+                continue
+            t = do_bench(lambda: fn(cfg), rep=20) * 1e3
+            best = min(best, (t, cfg), key=lambda b: b[0])
+        lines.append(f"| {qtype} | {label} | {nbytes / 2**20:.1f} | {t_default:.1f} | {nbytes / t_default / 1e3:.0f} | "
+                     f"{nbytes / t_default * 1e6 / bw:.1%} | rows {best[1].rows}, blocks {best[1].blocks}, warps "
+                     f"{best[1].warps} | {best[0]:.1f} | {nbytes / best[0] * 1e6 / bw:.1%} |")
+        log(lines[-1])
+    return lines
+
+
+GEMV_GRID = [(rows, blocks, warps) for rows in (1, 2, 4, 8, 16) for blocks in (1, 2, 4) for warps in (4, 8)]
+
+
+def triton_items(items: int) -> int:
+    return 1 << (items - 1).bit_length()
+
+
+def part_gdn(part: Part, ctx: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from autoinfer.refengine.ops import gdn as gdn_ops
+
+    try:
+        import fla
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError as exc:
+        fla = None
+        part.lines.append(f"flash-linear-attention not importable ({exc}): install the fla-core wheel for the "
+                          "comparison; ours alone below")
+    T, H, d = 512, 32, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = F.normalize(torch.randn(T, H, d, device="cuda", generator=gen), dim=-1) / d**0.5
+    k = F.normalize(torch.randn(T, H, d, device="cuda", generator=gen), dim=-1)
+    v = torch.randn(T, H, d, device="cuda", generator=gen)
+    g = -torch.rand(T, H, device="cuda", generator=gen) * 2
+    beta = torch.rand(T, H, device="cuda", generator=gen)
+    s0 = torch.randn(H, d, d, device="cuda", generator=gen) * 0.1
+    ref_out, ref_state = gdn_ops.get("naive")(q, k, v, g, beta, s0)
+
+    def rel(a, b) -> float:
+        return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+    runs: dict[str, Callable[[], Any]] = {"ours triton_chunk fp32": lambda: gdn_ops.get("triton_chunk")(
+        q, k, v, g, beta, s0)}
+    if fla is not None:
+        part.lines.append(f"flash-linear-attention (fla-core) {getattr(fla, '__version__', '?')}")
+        for dtype in (torch.float32, torch.bfloat16):
+            def fla_chunk(dtype=dtype):
+                o, s = chunk_gated_delta_rule(q[None].to(dtype), k[None].to(dtype), v[None].to(dtype), g[None],
+                                              beta[None].to(dtype), scale=1.0, initial_state=s0[None],
+                                              output_final_state=True)
+                return o[0], s[0]
+            runs[f"fla chunk_gated_delta_rule {str(dtype)[6:]}"] = fla_chunk
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    errors = {}
+    for name, fn in runs.items():
+        out, state = fn()
+        errors[name] = (rel(out, ref_out), rel(state, ref_state))
+    for _ in range(5):  # interleaved rounds
+        for name, fn in runs.items():
+            times[name].append(do_bench(fn, rep=30) * 1e3)
+    ours = times["ours triton_chunk fp32"]
+    part.lines += [f"Prefill T={T}, {H} value heads (q, k repeated per value head as the engine does), "
+                   f"dk = dv = {d}; 5 interleaved rounds of do_bench", "",
+                   "| kernel | µs (median) | rel. error out / state vs naive | time / ours (95% CI) |",
+                   "|---|---|---|---|"]
+    for name in runs:
+        part.lines.append(f"| {name} | {med(times[name]):.0f} | {errors[name][0]:.1e} / {errors[name][1]:.1e} | "
+                          f"{fmt_ratio(ratio_ci(times[name], ours))} |")
+    dec = {"ours fused_recurrent (T=1)": lambda: gdn_ops.get("fused_recurrent")(q[:1], k[:1], v[:1], g[:1],
+                                                                               beta[:1], s0)}
+    if fla is not None:
+        dec["fla fused_recurrent_gated_delta_rule (T=1)"] = lambda: fused_recurrent_gated_delta_rule(
+            q[None, :1], k[None, :1], v[None, :1], g[None, :1], beta[None, :1], scale=1.0, initial_state=s0[None],
+            output_final_state=True)
+    dec_times = {name: [do_bench(fn, rep=30) * 1e3 for _ in range(5)] for name, fn in dec.items()}
+    for name, t in dec_times.items():
+        part.lines.append(f"| {name} | {med(t):.1f} | | {fmt_ratio(ratio_ci(t, dec_times[next(iter(dec))]))} |")
+    part.data.update(times_us=times, errors=errors, decode_times_us=dec_times)
+
+
+def load_weights(model: Path, weights: str, pin: bool, dtype: str = "bf16", device: str = "cuda"):
+    """(cfg, CPU weights) of a file; pin: routed experts straight into pinned memory (for the expert cache)."""
+    from autoinfer.refengine.loader import load
+
+    t0 = time.monotonic()
+    loaded = load(model, dtype, decode_on=device, pin_experts=pin, keep_quant=weights == "gguf")
+    log(f"  loaded {model.name} ({weights}{', experts pinned' if pin else ''}) in {time.monotonic() - t0:.0f} s")
+    return loaded
+
+
+def build_engines(loaded: dict[str, Any], configs: dict[str, dict], dtype: str = "bf16",
+                  device: str = "cuda") -> dict[str, Any]:
+    """One engine per configuration from loaded[weights] = (cfg, CPU weights). Configurations without an expert
+    cache share one device copy of the weights (an engine does not copy tensors already on its device)."""
+    from autoinfer.refengine.engine import ReferenceEngine
+    from autoinfer.refengine.options import EngineOptions
+
+    on_device: dict[str, Any] = {}
+    engines = {}
+    for name, knobs in configs.items():
+        options = EngineOptions(device=device, dtype=dtype, **knobs)
+        cfg, weights = loaded[options.weights]
+        if options.budget_mib is None and not options.expert_slots:
+            if options.weights not in on_device:
+                on_device[options.weights] = weights.map(lambda _, t: t.to(device))
+            weights = on_device[options.weights]
+        engines[name] = ReferenceEngine(cfg, weights, options)
+    return engines
+
+
+FAST = dict(weights="gguf", moe="fused", gdn="triton_chunk", norm="triton")
+
+
+def part_small(part: Part, ctx: dict) -> None:
+    from autoinfer.model.synth import cached_model
+
+    model = cached_model("small", "Q4_K")
+    configs = {"readable (bf16 decoded, chunk, grouped)": dict(gdn="chunk", moe="grouped"),
+               "GGUF blocks + Triton (graphs off)": dict(FAST),
+               "GGUF blocks + Triton, CUDA graph": dict(FAST, graphs=True, max_context=1024)}
+    engines = build_engines({w: load_weights(model, w, pin=False) for w in ("dense", "gguf")}, configs)
+    prompt = list(range(5, 5 + 300))
+    part.lines += ["Correctness (prompt of 300 tokens, 24 greedy steps):", "", *compare_logits(engines, prompt, 24), ""]
+    samples = engine_rounds(engines, model, ctx["llama"], ["-ngl", "99", "-fa", "1"], ctx["rounds"], ctx["reps"],
+                            512, 64)
+    floor, per_token = floor_tok_s(engines[list(configs)[-1]], ctx["bandwidth"])
+    part.lines += [f"{model.name}: tg64 / pp512, {ctx['rounds']} interleaved rounds × {ctx['reps']} repetitions; "
+                   f"llama-bench -ngl 99 -fa 1; weight floor {floor:.0f} tok/s ({per_token / 2**20:.1f} MiB a token)",
+                   "", *speed_table(samples, floor)]
+    part.data["samples"] = samples
+
+
+def part_35b(part: Part, ctx: dict) -> None:
+    import torch
+
+    from autoinfer.model.synth import cached_model
+
+    t0 = time.monotonic()
+    model = ctx["model_35b_path"] or cached_model("35b-a3b", "Q4_K")
+    part.lines.append(f"{model} ready in {time.monotonic() - t0:.0f} s")
+    ctx["model_35b"] = model
+    # Experts pinned at load: the budget part's expert cache copies from these same host tensors.
+    ctx["loaded_35b"] = loaded = load_weights(model, "gguf", pin=True)
+    configs = {"GGUF blocks + Triton, CUDA graph": dict(FAST, graphs=True, max_context=1024),
+               "GGUF blocks + Triton (graphs off)": dict(FAST)}
+    engines = build_engines({"gguf": loaded}, configs)
+    floor, per_token = floor_tok_s(engines[next(iter(configs))], ctx["bandwidth"])
+    part.lines += ["Correctness (prompt of 64 tokens, 16 greedy steps, graphs vs no graphs):", "",
+                   *compare_logits(engines, list(range(7, 71)), 16), ""]
+    del engines["GGUF blocks + Triton (graphs off)"]  # timed on the small model; here the time goes to llama-bench
+    samples = engine_rounds(engines, model, ctx["llama"], ["-ngl", "99", "-fa", "1"], ctx["rounds"], ctx["reps"],
+                            512, 64)
+    part.lines += [f"All on the GPU, tg64 / pp512, {ctx['rounds']} interleaved rounds × {ctx['reps']} repetitions; "
+                   f"llama-bench -ngl 99 -fa 1; weight floor {floor:.0f} tok/s ({per_token / 2**30:.2f} GiB a token "
+                   f"at {ctx['bandwidth'] / 1e12:.2f} TB/s)", "", *speed_table(samples, floor)]
+    part.data.update(samples=samples, floor_tok_s=floor, bytes_per_token=per_token,
+                     device_peak_mib=torch.cuda.max_memory_allocated() / 2**20)
+    engines.clear()
+    gc.collect()  # the engines' device tensors and graph pools go before the budget part measures its peak
+    torch.cuda.empty_cache()
+
+
+def part_budget(part: Part, ctx: dict) -> None:
+    import torch
+
+    from autoinfer.refengine.cache.experts import CacheStats
+    from autoinfer.refengine.timing import random_tokens
+
+    if "loaded_35b" not in ctx:
+        raise RuntimeError("the 35B part did not load the model")
+    model, budget = ctx["model_35b"], ctx["budget_mib"]
+    torch.cuda.reset_peak_memory_stats()
+    configs = {f"budget {budget:.0f} MiB, prefetch 1": dict(FAST, budget_mib=budget, prefetch=1, max_context=1024),
+               f"budget {budget:.0f} MiB, no prefetch": dict(FAST, budget_mib=budget, prefetch=0, max_context=1024)}
+    engines = build_engines({"gguf": ctx["loaded_35b"]}, configs)
+    plan = next(iter(engines.values())).stats()["device_plan"]
+    part.lines.append("Device plan: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
+                                                   for k, v in plan.items()))
+    timed = dict(list(engines.items())[:1])  # prefetch 1 against llama.cpp; both in the hit-rate pass below
+    samples = engine_rounds(timed, model, ctx["llama"], ctx["llama_budget_args"], ctx["rounds"], ctx["reps"],
+                            512, 64)
+    part.lines += [f"Under {budget:.0f} MiB; llama-bench {' '.join(ctx['llama_budget_args'])}", "",
+                   *speed_table(samples), "", "Decode alone (64 tokens after a 512-token prompt, counters reset):", "",
+                   "| configuration | expert hit rate | prefetched | prefetch used | MiB copied a token |",
+                   "|---|---|---|---|---|"]
+    experts = {}
+    for name, engine in engines.items():
+        tokens = random_tokens(engine.cfg.vocab, 99)
+        logits, state = engine.prefill(tokens(512))
+        engine.experts.stats = CacheStats()
+        for t in tokens(64):
+            engine.decode(t, state)
+        st = engine.experts.stats
+        experts[name] = st.as_dict()
+        hit = "all experts resident" if st.hit_rate is None else f"{st.hit_rate:.1%}"
+        part.lines.append(f"| {name} | {hit} | {st.prefetched} | {st.prefetch_used} | "
+                          f"{st.bytes_fetched / 64 / 2**20:.1f} |")
+    peak = torch.cuda.max_memory_reserved() / 2**20
+    part.lines += ["", f"torch's peak reserved device memory {peak:.0f} MiB with both engines built (the budget holds "
+                   "per engine; the CUDA context adds ~500 MiB outside torch's count). Synthetic weights route "
+                   "near-uniformly, so the hit rate is about slots / experts: a real model's skewed routing hits "
+                   "more, and the next router predicts real routing better than random weights'."]
+    part.data.update(samples=samples, plan=plan, peak_reserved_mib=peak, experts=experts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results")) / "refengine")
+    p.add_argument("--llama-bin", default=None, help="llama.cpp's bin folder (default: $LLAMA_BIN)")
+    p.add_argument("--parts", default="env,gdn,35b,budget,gemv,small",
+                   help="run in this order: the targets first, the diagnostics (gemv tilings, small model) last")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--budget-mib", type=float, default=8192)
+    p.add_argument("--llama-budget-args", default="-ngl 99 -ncmoe 28 -t 16 -fa 1",
+                   help="llama-bench flags of the best llama.cpp configuration for the budget")
+    p.add_argument("--time-limit", type=float, default=450,
+                   help="seconds for the whole run (a device command may run 600 s, the GPU tests included)")
+    p.add_argument("--model-35b", type=Path, default=None,
+                   help="an existing 35B-A3B Q4_K GGUF (default: the synthetic one, written once per machine)")
+    args = p.parse_args(argv)
+    report = Report(args.out, args.time_limit)
+    ctx: dict[str, Any] = {"llama": find_llama_bench(args.llama_bin), "rounds": args.rounds, "reps": args.reps,
+                           "budget_mib": args.budget_mib, "llama_budget_args": shlex.split(args.llama_budget_args),
+                           "bandwidth": float("nan"), "model_35b_path": args.model_35b}
+    report.header.append(f"`{' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}`; "
+                         f"llama-bench: {ctx['llama'] or 'none (LLAMA_BIN unset)'}")
+    parts = {"env": (part_env, 5), "gemv": (part_gemv, 60), "gdn": (part_gdn, 30), "small": (part_small, 60),
+             "35b": (part_35b, 240), "budget": (part_budget, 100)}
+    for name in args.parts.split(","):
+        if name not in parts:
+            raise SystemExit(f"unknown part {name!r}: choose from {', '.join(parts)}")
+        fn, need = parts[name]
+        report.run(name, lambda part, fn=fn: fn(part, ctx), need)
+    log(report.markdown())
 
 
 if __name__ == "__main__":

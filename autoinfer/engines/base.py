@@ -202,6 +202,7 @@ class Capabilities:
     python_settings: bool = False  # it measured through Llama(...) itself: its settings are that API's, as measured
     runs_llama_tools: bool = False  # runs llama.cpp's tools on this worker's GPUs (multi-GPU knobs, fit baseline)
     host_measurement: bool = True  # runs something on this host, so trials of one host take turns (host lock)
+    own_command: bool = False  # not llama.cpp: the command a trial ran (engine_cmd) is how to run its configuration
 
 
 CAPABILITIES = {
@@ -209,7 +210,7 @@ CAPABILITIES = {
     "llama-server": Capabilities(llama_settings=True, runs_llama_tools=True),
     "llama-cpp-python": Capabilities(llama_settings=True, python_settings=True),
     "replay": Capabilities(llama_settings=True, host_measurement=False),  # a table of llama.cpp measurements
-    "reference": Capabilities(),
+    "reference": Capabilities(own_command=True),
 }
 
 

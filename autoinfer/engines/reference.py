@@ -1,8 +1,10 @@
 """The `reference` engine: autoinfer's own PyTorch implementation (autoinfer.refengine), measured like llama-bench.
 
 Each trial runs `python -m autoinfer.refengine.worker` in an isolated child and reads the one JSON line it prints.
-Knobs beyond the TrialConfig fields (campaign `space:` names): device, dtype, weights (dense | gguf), gdn, moe, prefill_chunk,
-torch_threads, expert_slots (0 = all experts on the device), cache_policy, prefetch.
+Its knobs (campaign `space:` names beyond the TrialConfig fields) are the fields of refengine/options.py's
+EngineOptions, declared there once: device, dtype, weights (dense | gguf), gdn, moe, prefill_chunk, torch_threads,
+expert_slots (0 = all experts on the device) or budget_mib (the expert cache sized to a device budget),
+cache_policy, prefetch (layers ahead), snapshots, graphs (on | off), max_context.
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ import sys
 from typing import Any
 
 from autoinfer.engines.base import Engine, Measurement, Outcome, RunContext, TrialConfig, register
-from autoinfer.engines.knobs import ANY, TRIAL_KNOBS
+from autoinfer.engines.knobs import TRIAL_KNOBS, Knob
 from autoinfer.engines.llama_common import classify_failure
 from autoinfer.errors import UserError
 from autoinfer.measure.process import run_isolated
+from autoinfer.refengine.options import KNOBS, EngineOptions
 
-KNOBS = {"device": "--device", "dtype": "--dtype", "weights": "--weights", "gdn": "--gdn", "moe": "--moe",
-         "prefill_chunk": "--prefill-chunk", "torch_threads": "--torch-threads", "expert_slots": "--expert-slots",
-         "cache_policy": "--cache-policy"}
 _EXIT_OUTCOMES = {2: Outcome.REJECTED, 3: Outcome.LOAD_FAILED, 4: Outcome.OOM}
 
 
@@ -27,13 +27,12 @@ def worker_command(config: TrialConfig) -> list[str]:
     argv = [sys.executable, "-m", "autoinfer.refengine.worker", "--model", str(config.model),
             "--n-prompt", str(config.n_prompt), "--n-gen", str(config.n_gen),
             "--repetitions", str(config.repetitions)]
-    for name, flag in KNOBS.items():
-        value = config.get(name)
-        if value is not None:
-            argv += [flag, str(value)]
-    if config.get("prefetch") in (True, "true", "True", 1):
-        argv.append("--prefetch")
-    return argv
+    return argv + options_of(config).to_argv()
+
+
+def options_of(config: TrialConfig) -> EngineOptions:
+    """The engine knobs a trial sets (UserError for a value of the wrong kind)."""
+    return EngineOptions.from_knobs({name: config.get(name) for name in KNOBS if config.get(name) is not None})
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -52,17 +51,37 @@ def _error_line(stderr: str) -> str:
     return lines[-1][len("error:"):].strip() if lines else ""
 
 
+def _knob(name: str) -> Knob:
+    """A value the EngineOptions field takes, converted as the worker converts it."""
+    def check(value: Any) -> str | None:
+        try:
+            EngineOptions.from_knobs({name: value})
+        except UserError as exc:
+            return str(exc)
+        return None
+    return Knob(check)
+
+
 @register("reference")
 class ReferenceEngineRunner(Engine):
     name = "reference"
     knobs = {**{name: TRIAL_KNOBS[name] for name in ("model", "n_prompt", "n_gen", "repetitions")},
-             **dict.fromkeys(("prefetch", *KNOBS), ANY)}
+             **{name: _knob(name) for name in KNOBS}}
 
     def check(self) -> None:
         import importlib.util
 
         if importlib.util.find_spec("torch") is None:
             raise UserError("engine 'reference' needs PyTorch: pip install 'autoinfer[engine]'")
+
+    def refusal(self, config: TrialConfig) -> str | None:
+        """Why the engine would refuse these knobs (graphs on a CPU, a fused MoE on dense weights ...), known before
+        any process starts."""
+        try:
+            options_of(config).check()
+        except UserError as exc:
+            return str(exc)
+        return None
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         argv = worker_command(config)

@@ -82,9 +82,12 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
 
 
 def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str:
+    own = capabilities(engine).own_command and best.trial.user_attrs.get("engine_cmd")
+    if fmt == "bench" and own:  # the engine's own command, exactly as the trial ran it
+        return shlex.join(own)
     if fmt in ("server", "bench", "python") and not capabilities(engine).llama_settings:
         raise UserError(f"study {study!r} measured the {engine} engine, whose settings are not llama.cpp settings; "
-                        "use --format json or yaml")
+                        f"use --format {'bench (its own command), ' if own else ''}json or yaml")
     if fmt == "python":
         return python_snippet(best, study, engine)
     if fmt == "server":
@@ -95,6 +98,8 @@ def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str
     if capabilities(engine).llama_settings:
         data["llama_server"] = [_binary(best, "llama-server"), *server_args(best.config)]
         data["llama_bench"] = [_binary(best, "llama-bench"), *bench_args(best.config)]
+    elif own:
+        data["command"] = list(own)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
     return yaml.safe_dump(data, sort_keys=False)

@@ -13,13 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from autoinfer.model.arch import Architecture
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.loader import load, torch_dtype
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops.moe import ExpertBank
 from autoinfer.refengine.ops.moe.grouped import implementation
 from autoinfer.refengine.ops.quant.kernels import interpreted
+from autoinfer.refengine.ops.quant.qweight import QuantWeight
+from autoinfer.refengine.options import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ def bench_moe(cfg: Architecture, tokens: int, dtype: torch.dtype, device: torch.
 def decode_bytes(cfg: Architecture, engine: ReferenceEngine) -> int:
     """Weights one decoded token must read: everything but the embedding table and the unused experts."""
     embed = engine.model.w.embed
-    return (engine.other_bytes - embed.numel() * embed.element_size()
+    table = embed.raw if isinstance(embed, QuantWeight) else embed
+    return (engine.other_bytes - table.numel() * table.element_size()
             + cfg.n_layers * cfg.n_experts_used * engine.experts.expert_bytes)
 
 

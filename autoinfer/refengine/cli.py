@@ -27,24 +27,26 @@ def bench(
     expert_slots: int = typer.Option(0, "--expert-slots", min=0, help="Device expert slots; 0 = all resident."),
     budget_mib: Optional[float] = typer.Option(None, "--budget-mib", min=1, help="Derive expert slots from this device "
                                                "memory budget instead."),
-    prefetch: bool = typer.Option(False, "--prefetch", help="Prefetch the next layer's predicted experts."),
+    prefetch: int = typer.Option(0, "--prefetch", min=0, help="Prefetch the predicted experts of this many layers "
+                                 "ahead."),
     prefill_chunk: int = typer.Option(64, "--prefill-chunk", min=1, help="Tokens per prefill segment (and "
                                       "snapshot interval)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads."),
 ) -> None:
     """Each op variant and the whole engine: error vs the reference, time, and the bandwidth-limited floor."""
     from autoinfer.refengine.bench import run_bench
-    from autoinfer.refengine.engine import EngineOptions, slots_for_budget
-    from autoinfer.refengine.loader import read_config
+    from autoinfer.refengine.budget import DevicePlan
+    from autoinfer.refengine.options import EngineOptions
 
     if model is None:
         from autoinfer.model.synth import cached_model
 
         model = cached_model("tiny", "Q8_0")
-    if budget_mib is not None:
-        expert_slots = slots_for_budget(read_config(model), dtype, budget_mib)
     options = EngineOptions(device=device, dtype=dtype, torch_threads=threads, expert_slots=expert_slots,
                             prefetch=prefetch, prefill_chunk=prefill_chunk)
+    if budget_mib is not None:
+        expert_slots = DevicePlan.from_gguf(model, options).slots(budget_mib)
+        options = EngineOptions(**{**options.__dict__, "expert_slots": expert_slots})
     bw, rows = run_bench(model, options, n_prompt=n_prompt, n_gen=n_gen, reps=reps)
     console = Console(width=max(Console().width, 150))
     table = Table(title=f"{model.name} on {device} {dtype}; measured bandwidth {bw / 1e9:.1f} GB/s"

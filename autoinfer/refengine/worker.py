@@ -1,7 +1,5 @@
-"""One measurement of the reference engine in its own process (`python -m autoinfer.refengine.worker ...`).
-
-Same method as llama-bench: one warm-up (the whole prompt, then one token), then for each repetition a prefill of
-n_prompt random tokens from an empty state (pp) and n_gen single-token decode steps from an empty state (tg).
+"""One measurement of the reference engine in its own process (`python -m autoinfer.refengine.worker ...`), timed
+as refengine/timing.py says (llama-bench's method).
 The result is one JSON line on stdout. Exit status 2: the configuration was rejected; 3: the model could not be
 loaded; 4: out of memory.
 """
@@ -17,18 +15,11 @@ EXIT_REJECTED, EXIT_LOAD, EXIT_OOM = 2, 3, 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from autoinfer.refengine.options import add_arguments
+
     p = argparse.ArgumentParser(prog="python -m autoinfer.refengine.worker")
     p.add_argument("--model", required=True)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32")
-    p.add_argument("--weights", default="dense")
-    p.add_argument("--gdn", default="chunk")
-    p.add_argument("--moe", default="grouped")
-    p.add_argument("--prefill-chunk", type=int, default=64)
-    p.add_argument("--torch-threads", type=int, default=None)
-    p.add_argument("--expert-slots", type=int, default=0)
-    p.add_argument("--cache-policy", default="lru")
-    p.add_argument("--prefetch", action="store_true")
+    add_arguments(p)  # one flag per engine knob (refengine/options.py)
     p.add_argument("--n-prompt", type=int, default=512)
     p.add_argument("--n-gen", type=int, default=128)
     p.add_argument("--repetitions", type=int, default=3)
@@ -37,63 +28,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    import dataclasses
+
     import torch
 
-    from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+    from autoinfer.refengine.engine import ReferenceEngine
     from autoinfer.refengine.ops.moe.grouped import implementation
+    from autoinfer.refengine.options import from_namespace
+    from autoinfer.refengine.timing import measure as measure_engine
+    from autoinfer.refengine.timing import random_tokens
 
-    options = EngineOptions(device=args.device, dtype=args.dtype, weights=args.weights, gdn=args.gdn, moe=args.moe,
-                            prefill_chunk=args.prefill_chunk, torch_threads=args.torch_threads,
-                            expert_slots=args.expert_slots, cache_policy=args.cache_policy, prefetch=args.prefetch)
+    options = from_namespace(args)
+    if args.max_context is None:  # a static state (graphs on) holds what this measurement feeds it, no more
+        options = dataclasses.replace(options, max_context=max(args.n_prompt + 1, args.n_gen, 1))
     options.check()
     started = time.perf_counter()
     engine = ReferenceEngine.from_gguf(args.model, options)
     engine.sync()
     load_s = time.perf_counter() - started
-    gen = torch.Generator().manual_seed(args.seed)
-    vocab = engine.cfg.vocab
-
-    def tokens(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=gen).tolist()
-
-    def timed(fn) -> float:
-        engine.sync()
-        t0 = time.perf_counter()
-        fn()
-        engine.sync()
-        return time.perf_counter() - t0
-
-    def decode_run(n: int) -> None:
-        state = engine.new_state()
-        for t in tokens(n):
-            engine.decode(t, state)
-
-    if args.n_prompt:
-        _, state = engine.prefill(tokens(args.n_prompt))  # warm-up
-        engine.decode(tokens(1)[0], state)
-    elif args.n_gen:
-        decode_run(1)
-    pp, tg, engine_s = [], [], 0.0
-    for _ in range(args.repetitions):
-        if args.n_prompt:
-            prompt = tokens(args.n_prompt)
-            s = timed(lambda: engine.prefill(prompt))
-            pp.append(args.n_prompt / s)
-            engine_s += s
-        if args.n_gen:
-            s = timed(lambda: decode_run(args.n_gen))
-            tg.append(args.n_gen / s)
-            engine_s += s
-    cuda = args.device == "cuda"
+    samples = measure_engine(engine, args.n_prompt, args.n_gen, args.repetitions,
+                             random_tokens(engine.cfg.vocab, args.seed))
+    cuda = options.device == "cuda"
     x = torch.zeros(1, engine.cfg.hidden, dtype=engine.model.dtype, device=engine.model.device)
     return {
-        "pp_samples": pp, "tg_samples": tg, "engine_s": engine_s, "load_s": load_s,
+        "pp_samples": samples.pp, "tg_samples": samples.tg, "engine_s": samples.engine_s, "load_s": load_s,
         "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")
-                                   else engine.experts.banks[0]) if args.moe == "grouped" else args.moe,
-        "weights": args.weights,
+                                   else engine.experts.banks[0]) if options.moe == "grouped" else options.moe,
+        "weights": options.weights, "graphs": options.graphs,
         **engine.stats(),
     }
 

@@ -6,10 +6,12 @@ import os
 
 import pytest
 
-# The Triton kernels run on the CPU through Triton's interpreter; the flag must be set before they are decorated.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 torch = pytest.importorskip("torch")
+
+# Without a GPU the Triton kernels run on the CPU through Triton's interpreter; the flag must be set before they
+# are decorated. With one (pytest -m gpu on the device machine) they are compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # One intra-op thread: the machine's cores are shared, and two spinning threads per op make tiny shapes 10× slower.
 torch.set_num_threads(1)
 
@@ -17,14 +19,14 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def hf_model():
     pytest.importorskip("transformers")
-    from autoinfer.refengine.hf_gguf import tiny_hf_model
+    from hf_gguf import tiny_hf_model
 
     return tiny_hf_model(seed=0)
 
 
 @pytest.fixture(scope="session")
 def hf_gguf(hf_model, tmp_path_factory):
-    from autoinfer.refengine.hf_gguf import write_gguf
+    from hf_gguf import write_gguf
 
     return write_gguf(hf_model, tmp_path_factory.mktemp("hf") / "tiny-f32.gguf", "F32")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
+from autoinfer.refengine.options import EngineOptions
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +81,17 @@ def test_enough_slots_means_no_cache(loaded):
     assert type(engine(loaded, expert_slots=31).experts).__name__ == "ExpertCache"
 
 
-def test_device_budget_becomes_expert_slots(loaded):
+def test_device_budget_becomes_expert_slots(loaded, hf_gguf):
     from autoinfer.errors import UserError
-    from autoinfer.refengine.engine import expert_bytes, non_expert_bytes, slots_for_budget
+    from autoinfer.refengine.budget import DevicePlan
 
-    cfg, weights = loaded
-    engine_other = engine(loaded).other_bytes
-    assert non_expert_bytes(cfg, "fp32") == engine_other  # the plan matches what the engine placed
-    each = expert_bytes(cfg, "fp32")
-    all_experts = cfg.n_layers * cfg.n_experts * each
-    assert slots_for_budget(cfg, "fp32", (engine_other + all_experts) / 2**20) == 0
-    assert slots_for_budget(cfg, "fp32", (engine_other + 10.5 * each) / 2**20) == 10
+    planned = DevicePlan.from_gguf(hf_gguf, EngineOptions())
+    assert planned == engine(loaded).plan  # the plan from the file's header is what the engine placed
+    each = planned.expert_bytes
+    fixed = planned.other_bytes + planned.state_bytes + planned.reserve_bytes
+    assert planned.slots((fixed + planned.n_experts * each) / 2**20) == 0
+    assert planned.slots((fixed + 10.5 * each) / 2**20) == 10
     with pytest.raises(UserError, match="needs ≥ 2"):
-        slots_for_budget(cfg, "fp32", (engine_other + each) / 2**20)
+        planned.slots((fixed + each) / 2**20)
+    budgeted = engine(loaded, budget_mib=(fixed + 10.5 * each) / 2**20)
+    assert budgeted.experts.slots == 10 and budgeted.stats()["device_plan"]["expert_slots"] == 10

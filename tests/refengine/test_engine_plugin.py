@@ -96,6 +96,10 @@ def test_sweep_campaign_with_the_reference_engine(hf_gguf, tmp_path):
     cli = [sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study", "ref-sweep"]
     env = {**os.environ, "AUTOINFER_RESULTS": str(results)}
     refused = subprocess.run([*cli, "--format", "server"], capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert refused.returncode == 2 and "use --format json or yaml" in refused.stderr
+    assert refused.returncode == 2 and "use --format bench (its own command), json or yaml" in refused.stderr
     exported = subprocess.run([*cli, "--format", "yaml"], capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert exported.returncode == 0 and "llama_server" not in exported.stdout
+    assert exported.returncode == 0 and "llama_server" not in exported.stdout and "autoinfer.refengine.worker" in \
+        exported.stdout
+    command = subprocess.run([*cli, "--format", "bench"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert command.returncode == 0 and "-m autoinfer.refengine.worker --model" in command.stdout
+    assert "--gdn" in command.stdout or "--moe" in command.stdout  # the searched knobs, as the trial ran them

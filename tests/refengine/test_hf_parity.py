@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
+from autoinfer.refengine.options import EngineOptions
 
 # fp32 both sides; chunked vs recurrent GDN and different summation orders leave ~1e-6.
 FP32_BOUND = 1e-4

@@ -17,7 +17,8 @@ import urllib.request
 
 import pytest
 
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
+from autoinfer.refengine.options import EngineOptions
 
 N_GEN, N_PROBS = 20, 5
 LOGPROB_BOUND = {"F32": 5e-3, "F16": 5e-2}  # measured: 1.7e-3 and 1.9e-2
@@ -64,7 +65,7 @@ def llama_server_greedy(tools, model, prompt: list[int]) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["F32", "F16"])
 def gguf_file(request, hf_model, tmp_path_factory):
-    from autoinfer.refengine.hf_gguf import write_gguf
+    from hf_gguf import write_gguf
 
     return request.param, write_gguf(hf_model, tmp_path_factory.mktemp("llama") / f"tiny-{request.param}.gguf",
                                      request.param)

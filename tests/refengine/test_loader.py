@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_gguf import gguf_tensors, write_gguf
 
 from autoinfer.errors import UserError
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
-from autoinfer.refengine.hf_gguf import gguf_tensors, write_gguf
+from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.loader import load, read_config
+from autoinfer.refengine.options import EngineOptions
 
 
 def test_config_comes_from_the_metadata(hf_model, hf_gguf):

@@ -53,11 +53,25 @@ def test_fused_recurrent_gdn_kernel_matches_recurrent(T, dk, dv):
     assert torch.equal(args[-1], before)  # the input state is left as it was: the kernel writes a new one
 
 
-def test_chunked_gdn_resumes_from_its_own_state():
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 130])
+def test_triton_chunk_gdn_kernel_matches_recurrent(T):
+    """Tails shorter than a chunk, exactly one chunk, and a state carried over several chunks."""
+    args = gdn_inputs(T, seed=T + 1)
+    before = args[-1].clone()
+    ref_out, ref_state = gdn.get(gdn.REFERENCE)(*args)
+    out, state = gdn.get("triton_chunk")(*args)
+    assert out.shape == ref_out.shape and state.shape == ref_state.shape
+    assert rel(out, ref_out) <= GDN_BOUND
+    assert rel(state, ref_state) <= GDN_BOUND
+    assert torch.equal(args[-1], before)
+
+
+@pytest.mark.parametrize("variant", ["chunk", "triton_chunk"])
+def test_chunked_gdn_resumes_from_its_own_state(variant):
     q, k, v, g, beta, state = gdn_inputs(130, seed=7)
-    whole, _ = gdn.get("chunk")(q, k, v, g, beta, state)
-    first, mid = gdn.get("chunk")(q[:64], k[:64], v[:64], g[:64], beta[:64], state)
-    second, _ = gdn.get("chunk")(q[64:], k[64:], v[64:], g[64:], beta[64:], mid)
+    whole, _ = gdn.get(variant)(q, k, v, g, beta, state)
+    first, mid = gdn.get(variant)(q[:64], k[:64], v[:64], g[:64], beta[:64], state)
+    second, _ = gdn.get(variant)(q[64:], k[64:], v[64:], g[64:], beta[64:], mid)
     assert rel(torch.cat([first, second]), whole) <= GDN_BOUND
 
 
@@ -110,3 +124,45 @@ def test_loop_reference_is_the_moe_definition():
         h = F.silu(bank.gate[r] @ x[t]) * (bank.up[r] @ x[t])
         expected[t] += weight[a] * (bank.down[r] @ h)
     assert rel(moe.get("loop")(x, token, row, weight, bank), expected) <= 1e-6
+
+
+@pytest.mark.parametrize("shape, gated", [((3, 256), False), ((2, 4, 40), True), ((1, 2048), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_rms_norm_matches_torch(shape, gated, dtype):
+    from autoinfer.refengine.ops import norm
+
+    gen = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    weight = torch.rand(shape[-1], generator=gen) + 0.5
+    gate = torch.randn(*shape, generator=gen).to(dtype) if gated else None
+    ref = norm.get(norm.REFERENCE)(x, weight, 1e-6, dtype, gate=gate)
+    out = norm.get("triton")(x, weight, 1e-6, dtype, gate=gate)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert rel(out.float(), ref.float()) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("Hk, Hv, d, KW", [(2, 4, 16, 4), (1, 2, 32, 3)])
+def test_fused_gdn_decode_matches_the_torch_step(Hk, Hv, d, KW):
+    """Conv over the window, SiLU, L2 norms, gates and one recurrence step, as model.gdn_core does them in torch."""
+    from autoinfer.refengine.ops.gdn.fused_decode import fused_gdn_decode
+
+    gen = torch.Generator().manual_seed(Hv + KW)
+    key, value = Hk * d, Hv * d
+    C = 2 * key + value
+    qkv, b, alpha = torch.randn(1, C, generator=gen), torch.randn(1, Hv, generator=gen), torch.randn(1, Hv, generator=gen)
+    conv, weight = torch.randn(KW - 1, C, generator=gen), torch.randn(C, KW, generator=gen) * 0.5
+    dt_bias, a = torch.randn(Hv, generator=gen), -torch.rand(Hv, generator=gen) * 3
+    state = torch.randn(Hv, d, d, generator=gen)
+
+    window = torch.cat([conv, qkv])  # the torch path of model.gdn_core for T = 1
+    act = F.silu((window.T * weight).sum(-1))
+    q, k, v = act.split([key, key, value])
+    q = F.normalize(q.view(Hk, d), dim=-1, eps=0).repeat(Hv // Hk, 1)[None] / d**0.5
+    k = F.normalize(k.view(Hk, d), dim=-1, eps=0).repeat(Hv // Hk, 1)[None]
+    g = a * F.softplus(alpha + dt_bias)
+    ref_out, ref_state = gdn.get("naive")(q, k, v.view(1, Hv, d), g, torch.sigmoid(b), state)
+
+    conv_state, recurrent = conv.clone(), state.clone()
+    out = fused_gdn_decode(qkv, conv_state, weight, b, alpha, dt_bias, a, recurrent, Hk)
+    assert rel(out, ref_out) <= 1e-5 and rel(recurrent, ref_state) <= 1e-5
+    assert torch.equal(conv_state, window[1:])  # the window moved on by the new token

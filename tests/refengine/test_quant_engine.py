@@ -8,9 +8,10 @@ import torch
 
 from autoinfer.errors import UserError
 from autoinfer.model.synth import cached_model
-from autoinfer.refengine.engine import EngineOptions, ReferenceEngine
+from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.loader import load
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
+from autoinfer.refengine.options import EngineOptions
 
 BOUND = 1e-4  # relative to max|logit|: fp32 activations, only the summation order differs
 
@@ -34,26 +35,38 @@ def test_matrices_stay_in_their_blocks(model):
     _, weights = load(model, keep_quant=True)
     moe = weights.layers[0].moe
     assert isinstance(moe.gate, QuantWeight) and moe.gate.raw.dtype == torch.uint8
-    assert isinstance(weights.lm_head, QuantWeight) and not isinstance(weights.embed, QuantWeight)
+    assert isinstance(weights.lm_head, QuantWeight) and isinstance(weights.embed, QuantWeight)
     assert moe.router.dtype == torch.float32  # routers, norms and conv stay dense fp32
 
 
-@pytest.mark.parametrize("gdn, moe", [("fused_recurrent", "fused"), ("chunk", "grouped")])
-def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe):
-    prompt = list(range(3, 40))
+@pytest.mark.parametrize("gdn, moe, norm", [("fused_recurrent", "fused", "triton"), ("triton_chunk", "fused", "torch"),
+                                            ("chunk", "grouped", "torch")])
+def test_gguf_weights_give_the_dense_engines_logits(model, gdn, moe, norm):
+    prompt = list(range(3, 15))  # 12 tokens: more than GEMV_MAX_ROWS, so prefill takes the GEMM path
     ref_pp, ref_tg, _ = logits(model, prompt)
-    pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe)
+    pp, tg, engine = logits(model, prompt, weights="gguf", gdn=gdn, moe=moe, norm=norm)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
     dense_bytes = ReferenceEngine.from_gguf(model, EngineOptions()).experts.device_bytes()
     assert engine.experts.device_bytes() < dense_bytes / 3  # ≤ 8.5 bits per weight instead of 32
 
 
 def test_expert_cache_holds_gguf_blocks(model):
-    prompt = list(range(5, 30))
+    prompt = list(range(5, 17))
     ref_pp, ref_tg, _ = logits(model, prompt)
     pp, tg, engine = logits(model, prompt, weights="gguf", gdn="fused_recurrent", moe="fused", expert_slots=5)
     assert rel(pp, ref_pp) <= BOUND and rel(tg, ref_tg) <= BOUND
     assert engine.experts.stats.misses > 0 and isinstance(engine.experts.pool.gate, QuantWeight)
+
+
+def test_budget_plan_counts_experts_in_their_blocks(model):
+    """With weights: gguf an expert costs its block bytes, so the same budget holds ~7× more experts than fp32."""
+    from autoinfer.refengine.budget import DevicePlan
+
+    quant, dense = (DevicePlan.from_gguf(model, EngineOptions(weights=w)) for w in ("gguf", "dense"))
+    assert quant.expert_bytes == 3 * 256 * 256 // 256 * 144  # Q4_K: 144 bytes per 256 values
+    assert dense.expert_bytes == 3 * 256 * 256 * 4
+    engine = ReferenceEngine.from_gguf(model, EngineOptions(weights="gguf", gdn="fused_recurrent", moe="fused"))
+    assert engine.plan == quant
 
 
 def test_fused_moe_needs_gguf_weights():
@@ -61,3 +74,23 @@ def test_fused_moe_needs_gguf_weights():
         EngineOptions(moe="fused").check()
     with pytest.raises(UserError, match="weights 'q4'"):
         EngineOptions(weights="q4").check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_streamed_experts_give_the_resident_logits_on_the_gpu(model, prefetch):
+    """Experts copied from pinned host memory into 5 device slots (prefetches on their own stream) compute what
+    resident experts do, over a prefill and decode steps."""
+    knobs = dict(device="cuda", weights="gguf", gdn="triton_chunk", moe="fused", norm="triton")
+    resident = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    streamed = ReferenceEngine.from_gguf(model, EngineOptions(**knobs, expert_slots=5, prefetch=prefetch))
+    prompt = list(range(5, 40))
+    a, sa = resident.prefill(prompt)
+    b, sb = streamed.prefill(prompt)
+    for _ in range(8):
+        assert rel(b, a) <= BOUND
+        token = int(a[-1].argmax())
+        a, b = resident.decode(token, sa), streamed.decode(token, sb)
+    stats = streamed.experts.stats
+    assert stats.misses > 0 and (stats.prefetched > 0) == (prefetch > 0)

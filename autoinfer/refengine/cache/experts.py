@@ -1,9 +1,10 @@
 """Where routed experts live while the model runs.
 
 `ResidentExperts`: every expert of every layer on the compute device. `ExpertCache`: experts stay in (pinned) host
-memory (dense, or in their GGUF blocks) and are copied on use into N device slots shared by all layers, evicting by LRU or LFU; optionally the next
-layer's likely experts are prefetched (predicted by applying that layer's router to the current hidden state) on a
-side CUDA stream while this layer computes. Both run a layer's routed assignments through an op from ops/moe.
+memory (dense, or in their GGUF blocks) and are copied on use into N device slots shared by all layers, evicting
+by LRU or LFU; optionally the likely experts of the next `prefetch` layers are copied early (predicted by applying
+those layers' routers to the current hidden state) on a side CUDA stream while this layer computes. Both run a
+layer's routed assignments through an op from ops/moe.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class CacheStats:
 class ResidentExperts:
     """All experts on the device: the bank of layer l is that layer's stacked expert tensors."""
 
-    prefetch = False
+    prefetch = 0  # layers ahead whose predicted experts are copied early: none, all are here
 
     def __init__(self, banks: list[ExpertBank]):
         self.banks = banks
@@ -65,7 +66,7 @@ class ExpertCache:
     """N device slots in front of host-resident experts."""
 
     def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str = "lru",
-                 prefetch: bool = False):
+                 prefetch: int = 0):
         if policy not in POLICIES:
             raise UserError(f"expert cache policy {policy!r} is not one of {', '.join(POLICIES)}")
         if slots < 1:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from autoinfer.refengine.ops.quant.kernels import check_device
+from autoinfer.refengine.ops.quant.kernels import check_device, interpreted
 
 
 @triton.jit
@@ -48,7 +48,8 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     q, k, v, g, beta, state = (t.float().contiguous() for t in (q, k, v, g, beta, state))
     out = torch.empty_like(v)
     new_state = torch.empty_like(state)
-    BV = min(32, triton.next_power_of_2(dv))
+    # Slices of 32 value columns spread a head over several programs; the interpreter runs one program a head.
+    BV = triton.next_power_of_2(dv) if interpreted() else min(32, triton.next_power_of_2(dv))
     _fused_recurrent_kernel[(H, triton.cdiv(dv, BV))](q, k, v, g, beta, state, new_state, out, T, H, DK=dk, DV=dv,
                                                       BK=triton.next_power_of_2(dk), BV=BV)
     return out, new_state

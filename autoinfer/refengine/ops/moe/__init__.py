@@ -27,6 +27,7 @@ MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Expert
 VARIANTS: dict[str, MoeFn] = {"loop": loop_experts, "grouped": grouped_experts, "fused": fused_experts}
 REFERENCE = "loop"
 READS_BLOCKS = {"fused"}  # variants that take a bank of GGUF blocks as it is
+CAPTURE_SAFE = {"fused"}  # variants whose decode step reads nothing back to the host (a CUDA graph can record it)
 
 
 def get(name: str) -> MoeFn:

@@ -1,9 +1,9 @@
 """Triton kernels that read GGUF-quantized weights directly (the blocks are decoded in registers, never stored):
 
-- `qgemv`: batch-1 (or a few rows) matrix-vector products, the decode step's matmuls. Bandwidth-bound: one pass
-  over the weight bytes. Optionally batched over stacked weights picked by a device index tensor (the experts a
-  router chose), with the results summed under per-item weights: the grouped expert GEMV of fused MoE decode.
+- `qgemv` (ops/quant/gemv.py): batch-1 (or a few rows) products, the decode step's matmuls.
 - `qgemm`: prefill matmuls; weight tiles decoded into the dtype of x and multiplied with tl.dot.
+- `qgemm_grouped`: the same over a stack of matrices (experts), each block of rows with its own matrix and rows of
+  x gathered by index: the routed experts of a prefill, read in their blocks.
 - `dequantize`: whole rows to a dense tensor (used where a dense op needs the weights, e.g. prefill experts).
 
 They run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (how the tests check them against
@@ -13,12 +13,14 @@ gguf.quants). ops/quant/qweight.py documents the block layouts.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from autoinfer.errors import UserError
+from autoinfer.refengine.ops.quant.gemv import qgemv
 from autoinfer.refengine.ops.quant.qweight import BLOCKS, QuantWeight
 
 _QTYPE_ID = {"Q8_0": 0, "Q4_K": 1, "Q6_K": 2}
@@ -37,10 +39,10 @@ def check_device(device: torch.device | str) -> None:
 
 
 @triton.jit
-def _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr):
-    """Block `blk` of each row in `rows` ([BN] int64), decoded: [BN, QK] fp32."""
+def _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE: tl.constexpr, BB: tl.constexpr, SUB: tl.constexpr):
+    """Values start .. start + SUB of block `blk` of each row in `rows` ([BN] int64), decoded: [BN, SUB] fp32."""
     base = rows[:, None] * row_bytes + blk * BB  # [BN, 1] byte offset of each row's block; always even
-    j = tl.arange(0, QK)[None, :]
+    j = start + tl.arange(0, SUB)[None, :]
     if QTYPE == 0:  # Q8_0
         d = tl.load(f16 + base // 2).to(tl.float32)
         q = tl.load(i8 + base + 2 + j).to(tl.float32)
@@ -72,59 +74,30 @@ def _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE: tl.constexpr, QK: tl.constex
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, x_stride, u8, i8, f16, w_stride, ids_ptr, coef_ptr, out_ptr, out_stride, N, row_bytes,
-                 n_blocks, n_items, QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr,
-                 HAS_IDS: tl.constexpr, REDUCE: tl.constexpr):
-    """out[o, rows] = Σ_items coef[a] · W[ids[a]] @ x[a]. Without REDUCE each program axis-1 index is one item
-    (coef 1, output row a); with REDUCE one program sums all n_items into output row 0."""
-    pid_n = tl.program_id(0)
-    rows = pid_n * BN + tl.arange(0, BN)
-    live = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    acc = tl.zeros([BN], dtype=tl.float32)
-    if REDUCE:
-        first = 0
-        last = n_items
-    else:
-        first = tl.program_id(1)
-        last = first + 1
-    j = tl.arange(0, QK)
-    for a in range(first, last):
-        if HAS_IDS:
-            expert = tl.load(ids_ptr + a).to(tl.int64)
-        else:
-            expert = 0
-        item_rows = rows + expert * w_stride  # w_stride: rows per stacked matrix
-        part = tl.zeros([BN], dtype=tl.float32)
-        for blk in range(0, n_blocks):
-            w = _tile(u8, i8, f16, item_rows, row_bytes, blk, QTYPE, QK, BB)
-            x = tl.load(x_ptr + a * x_stride + blk * QK + j).to(tl.float32)
-            part += tl.sum(w * x[None, :], axis=1)
-        if REDUCE:
-            part = part * tl.load(coef_ptr + a).to(tl.float32)
-        acc += part
-    if REDUCE:
-        o = 0
-    else:
-        o = first
-    tl.store(out_ptr + o * out_stride + rows, acc.to(out_ptr.dtype.element_ty), mask=live)
-
-
-@triton.jit
-def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, M, N, row_bytes, n_blocks, QTYPE: tl.constexpr, QK: tl.constexpr,
-                 BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """out[M, N] = x[M, K] @ W[N, K]ᵀ, one [BM, BN] tile per program, K walked one quant block at a time."""
+def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, x_rows_ptr, block_matrix_ptr, M, N, row_bytes, n_blocks,
+                 QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 GROUPED: tl.constexpr, SUB: tl.constexpr):
+    """out[M, N] = x[M, K] @ W[N, K]ᵀ, one [BM, BN] tile per program, K walked one quant block at a time.
+    GROUPED: output row m reads x row x_rows[m] (−1: a padding row, zeros) and the rows of the stack's matrix
+    block_matrix[m // BM]: every BM-row block belongs to one matrix (one expert)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     m = pid_m * BM + tl.arange(0, BM)
     n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(n, N - 1).to(tl.int64)
-    j = tl.arange(0, QK)
+    if GROUPED:
+        x_row = tl.load(x_rows_ptr + m, mask=m < M, other=-1).to(tl.int64)
+        rows += tl.load(block_matrix_ptr + pid_m).to(tl.int64) * N
+    else:
+        x_row = tl.where(m < M, m, -1).to(tl.int64)
+    j = tl.arange(0, SUB)
     K = n_blocks * QK
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for blk in range(0, n_blocks):
-        x = tl.load(x_ptr + m[:, None].to(tl.int64) * K + blk * QK + j[None, :], mask=m[:, None] < M, other=0.0)
-        w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB).to(x.dtype)
-        acc += tl.dot(x, tl.trans(w))
+        for start in tl.static_range(0, QK, SUB):  # a K-quant block in parts: a whole one spills at BN = 64
+            x = tl.load(x_ptr + x_row[:, None] * K + blk * QK + start + j[None, :], mask=x_row[:, None] >= 0,
+                        other=0.0)
+            w = _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE, BB, SUB).to(x.dtype)
+            acc += tl.dot(x, tl.trans(w))
     tl.store(out_ptr + m[:, None].to(tl.int64) * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(m[:, None] < M) & (n[None, :] < N))
 
@@ -132,13 +105,13 @@ def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, M, N, row_bytes, n_blocks, QTYPE: 
 @triton.jit
 def _dequant_kernel(u8, i8, f16, out_ptr, n_rows, row_bytes, n_blocks, QTYPE: tl.constexpr, QK: tl.constexpr,
                     BB: tl.constexpr, BN: tl.constexpr):
-    pid_n, blk = tl.program_id(0), tl.program_id(1)
-    n = pid_n * BN + tl.arange(0, BN)
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.minimum(n, n_rows - 1).to(tl.int64)
-    w = _tile(u8, i8, f16, rows, row_bytes, blk, QTYPE, QK, BB)
     j = tl.arange(0, QK)
-    tl.store(out_ptr + rows[:, None] * (n_blocks * QK) + blk * QK + j[None, :], w.to(out_ptr.dtype.element_ty),
-             mask=n[:, None] < n_rows)
+    for blk in range(0, n_blocks):
+        w = _tile(u8, i8, f16, rows, row_bytes, blk, 0, QTYPE, BB, QK)
+        tl.store(out_ptr + rows[:, None] * (n_blocks * QK) + blk * QK + j[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=n[:, None] < n_rows)
 
 
 def _views(w: QuantWeight):
@@ -151,28 +124,20 @@ def _meta(w: QuantWeight) -> dict:
     return dict(QTYPE=_QTYPE_ID[w.qtype], QK=qk, BB=bb)
 
 
-def _gemv_rows(w: QuantWeight) -> int:
-    return 4 if BLOCKS[w.qtype][0] == 256 else 16  # keep the decoded tile at ~1K values per program
+def _sub(w: QuantWeight) -> int:
+    """Values of a block the GEMM decodes at a time: parts small enough not to spill on sm_90 (Q6_K's decode is the
+    heaviest: 32; benchmarks/kernel_resources.py); interpreted, whole blocks (fewer steps)."""
+    if interpreted():
+        return BLOCKS[w.qtype][0]
+    return min(32 if w.qtype == "Q6_K" else 64, BLOCKS[w.qtype][0])
 
 
-def qgemv(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor | None = None, coef: torch.Tensor | None = None,
-          out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [A, K]; w [N, K] or stacked [R, N, K]. Without ids: A independent products → [A, N]. With ids [A] (rows of
-    the stack, on the device): item a uses W[ids[a]] and x[a] (or x[0] when x has one row); with coef [A] too the
-    A products are summed under those weights → [1, N]."""
-    N, K = w.shape[-2:]
-    raw, i8, f16 = _views(w)
-    A = ids.shape[0] if ids is not None else x.shape[0]
-    x = x.contiguous()
-    x_stride = 0 if x.shape[0] == 1 and A > 1 else K
-    reduce = coef is not None
-    out = torch.empty((1 if reduce else A, N), dtype=out_dtype or x.dtype, device=x.device)
-    BN = _gemv_rows(w)
-    grid = (triton.cdiv(N, BN), 1 if reduce else A)
-    _gemv_kernel[grid](x, x_stride, raw, i8, f16, N if ids is not None else 0,
-                       ids if ids is not None else raw, coef if reduce else raw, out, N, N, raw.shape[-1],
-                       w.blocks_per_row, A, BN=BN, HAS_IDS=ids is not None, REDUCE=reduce, **_meta(w))
-    return out
+def _gemm_tiles(w: QuantWeight, M: int, N: int) -> tuple[int, int]:
+    BM = 16 if M <= 16 else 64
+    BN = 64 if BLOCKS[w.qtype][0] == 256 else 128
+    if interpreted():  # programs run one by one there, each at a fixed cost: fewer, larger ones
+        BM, BN = max(16, min(triton.next_power_of_2(M), 64)), max(16, min(triton.next_power_of_2(N), 256))
+    return BM, BN
 
 
 def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
@@ -182,10 +147,51 @@ def qgemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     x = x.contiguous()
     M = x.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    BM = 16 if M <= 16 else 64
-    BN = 64 if BLOCKS[w.qtype][0] == 256 else 128
-    _gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](x, raw, i8, f16, out, M, N, raw.shape[-1],
-                                                          w.blocks_per_row, BM=BM, BN=BN, **_meta(w))
+    BM, BN = _gemm_tiles(w, M, N)
+    _gemm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](x, raw, i8, f16, out, raw, raw, M, N, raw.shape[-1],
+                                                          w.blocks_per_row, BM=BM, BN=BN, GROUPED=False, SUB=_sub(w),
+                                                          **_meta(w))
+    return out
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Assignments sorted by matrix and padded to whole blocks of `block` rows, each block one matrix: slot s holds
+    assignment item[s] (−1: padding); block b multiplies by matrix matrix[b] of the stack."""
+
+    item: torch.Tensor  # [S] int64
+    matrix: torch.Tensor  # [S / block] int32
+    block: int
+
+
+def group_by_matrix(matrix_of: torch.Tensor, n_matrices: int, block: int) -> Grouping:
+    """Sort assignments (matrix_of [A]: the stack matrix each uses) into blocks of one matrix. Reads the padded
+    total back to the host once (a prefill step, not a graph)."""
+    counts = torch.bincount(matrix_of, minlength=n_matrices)
+    padded = (counts + block - 1) // block * block
+    total = int(padded.sum())
+    order = torch.argsort(matrix_of, stable=True)
+    ranked = matrix_of[order]
+    rank = torch.arange(order.numel(), device=order.device) - (counts.cumsum(0) - counts)[ranked]
+    item = torch.full((total,), -1, dtype=torch.long, device=order.device)
+    item[(padded.cumsum(0) - padded)[ranked] + rank] = order
+    matrix = torch.repeat_interleave(torch.arange(n_matrices, device=order.device, dtype=torch.int32), padded // block,
+                                     output_size=total // block)
+    return Grouping(item, matrix, block)
+
+
+def qgemm_grouped(x: torch.Tensor, w: QuantWeight, x_rows: torch.Tensor, grouping: Grouping) -> torch.Tensor:
+    """Row s of the result = x[x_rows[s]] @ W[matrix of s's block]ᵀ (x_rows −1: zeros) → [S, N] in x's dtype,
+    with W a stack [R, N, K] kept in its GGUF blocks: the experts of a prefill, never decoded to memory."""
+    N, K = w.shape[-2:]
+    raw, i8, f16 = _views(w)
+    x = x.contiguous()
+    S = x_rows.shape[0]
+    out = torch.empty((S, N), dtype=x.dtype, device=x.device)
+    BN = _gemm_tiles(w, grouping.block, N)[1]
+    _gemm_kernel[(S // grouping.block, triton.cdiv(N, BN))](
+        x, raw, i8, f16, out, x_rows.contiguous(), grouping.matrix, S, N, raw.shape[-1], w.blocks_per_row,
+        BM=grouping.block, BN=BN, GROUPED=True, SUB=_sub(w), **_meta(w))
     return out
 
 
@@ -201,7 +207,7 @@ def dequantize(w: QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tens
     raw, i8, f16 = _views(w)
     n_rows = raw.numel() // raw.shape[-1]
     out = torch.empty(w.shape, dtype=dtype, device=raw.device)
-    BN = 16
-    _dequant_kernel[(triton.cdiv(n_rows, BN), w.blocks_per_row)](raw, i8, f16, out, n_rows, raw.shape[-1],
-                                                               w.blocks_per_row, BN=BN, **_meta(w))
+    BN = 128 if interpreted() else 16  # the interpreter runs programs one by one: fewer, larger ones there
+    _dequant_kernel[(triton.cdiv(n_rows, BN),)](raw, i8, f16, out, n_rows, raw.shape[-1], w.blocks_per_row, BN=BN,
+                                               **_meta(w))
     return out

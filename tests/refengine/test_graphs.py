@@ -1,0 +1,102 @@
+"""The decode step recorded as a CUDA graph (graphs: on): the static state it needs computes what a dynamic one
+does (checked here on the CPU), graphs are refused where they cannot run, and on a GPU the replayed decode gives
+the eager decode's logits and tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoinfer.errors import UserError
+from autoinfer.refengine.engine import ReferenceEngine
+from autoinfer.refengine.options import EngineOptions
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_gguf):
+    from autoinfer.refengine.loader import load
+
+    return load(hf_gguf, "fp32")
+
+
+def test_static_state_gives_the_dynamic_states_logits(loaded, prompt):
+    """A static state (fixed capacity, attention over all of it under the mask, in-place updates) is what the graph
+    records; eagerly it must compute exactly what the growing state does."""
+    model = ReferenceEngine(*loaded, EngineOptions()).model
+    dynamic, static = model.new_state(capacity=8), model.new_state(capacity=64, static=True)
+    a, b = model.forward(prompt[:20], dynamic), model.forward(prompt[:20], static)
+    assert rel(b, a) <= 1e-6
+    for _ in range(6):
+        token = int(a.argmax())
+        a, b = model.forward([token], dynamic), model.forward([token], static)
+        assert rel(b, a) <= 1e-6
+    assert static.layers[3].k.shape[1] == 64 and static.position == dynamic.position == 26
+    with pytest.raises(UserError, match="max_context"):
+        model.forward(prompt[:40], static)  # 26 + 40 > 64
+
+
+def test_reset_and_load_keep_the_static_buffers(loaded, prompt):
+    model = ReferenceEngine(*loaded, EngineOptions()).model
+    static = model.new_state(capacity=64, static=True)
+    buffers = [t.data_ptr() for layer in static.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    model.forward(prompt[:10], static)
+    snapshot = static.clone()
+    static.reset_()
+    assert static.position == 0 and not static.tokens
+    static.load_(snapshot)
+    assert static.position == 10 and static.tokens == prompt[:10]
+    after = [t.data_ptr() for layer in static.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    assert after == buffers
+    assert torch.equal(model.forward(prompt[10:12], static), model.forward(prompt[10:12], snapshot))
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"device": "cpu"}, "needs device: cuda"),
+    ({"device": "cuda"}, "cuda"),
+])
+def test_graphs_are_refused_where_they_cannot_run(knobs, words):
+    if knobs["device"] == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match=words):
+        EngineOptions(graphs=True, weights="gguf", moe="fused", gdn="fused_recurrent", **knobs).check()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("knobs, words", [
+    ({"expert_slots": 4}, "expert_slots: 0"),
+    ({"moe": "grouped", "weights": "dense"}, "moe variant"),
+    ({"gdn": "chunk"}, "gdn variant"),
+])
+def test_graphs_refuse_what_a_graph_cannot_record(knobs, words):
+    options = {"device": "cuda", "graphs": True, "weights": "gguf", "moe": "fused", "gdn": "fused_recurrent", **knobs}
+    with pytest.raises(UserError, match=words):
+        EngineOptions(**options).check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype, bound", [("fp32", 1e-5), ("bf16", 2e-2)])
+def test_graph_decode_matches_eager_decode(dtype, bound):
+    from autoinfer.model.synth import cached_model
+
+    model = cached_model("tiny", "Q4_K")
+    knobs = dict(device="cuda", dtype=dtype, weights="gguf", moe="fused", gdn="triton_chunk", norm="triton",
+                 max_context=64)
+    eager = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    graphed = ReferenceEngine.from_gguf(model, EngineOptions(**knobs, graphs=True))
+    prompt = list(range(3, 40))
+    for _ in range(2):  # the second sequence replays the graph recorded during the first
+        a, sa = eager.prefill(prompt)
+        b, sb = graphed.prefill(prompt)
+        tokens_a, tokens_b = [], []
+        for _ in range(12):
+            tokens_a.append(int(a[-1].argmax()))
+            tokens_b.append(int(b[-1].argmax()))
+            assert rel(b, a) <= bound
+            a, b = eager.decode(tokens_a[-1], sa), graphed.decode(tokens_a[-1], sb)
+        assert tokens_a == tokens_b
+    assert graphed.graph is not None and sb is graphed.static
