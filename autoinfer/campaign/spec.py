@@ -19,7 +19,7 @@ from autoinfer.engines.base import FLASH_ATTN, KV_TYPES, LOAD_MODES, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS, PLACEMENT_KEYS
 from autoinfer.model.resolve import SYNTH_PREFIX
-from autoinfer.store import trials
+from autoinfer.store.trials import Store
 
 
 class _Strict(BaseModel):
@@ -425,7 +425,7 @@ def load_campaign(path: Path) -> Campaign:
 
 def stored_campaign(study: optuna.Study) -> Campaign | None:
     """The campaign the study was made with; UserError when the stored copy cannot be read."""
-    text = study.user_attrs.get(trials.CAMPAIGN_ATTR)
+    text = Store(study).study_record().campaign
     if not text:
         return None
     try:
