@@ -113,6 +113,8 @@ def test_a_trial_with_nothing_recorded_reads_as_the_defaults():
     assert r.outcome == "crash" and r.reason == "" and r.engine_cmd == () and r.metrics == {} and r.host is None
     assert not r.stale and r.origin == {} and r.kld_samples == [] and r.to_attrs() == {"outcome": "crash"}
     assert TrialRecord.from_trial(_stored_trial({"later_version_attr": 1})).to_attrs() == {}  # unknown: left out
+    with pytest.raises(TypeError):  # the empty default every such record shares cannot be changed through one
+        r.env["gpu_name"] = "H100"
 
 
 def test_what_the_loop_asks_of_a_trial():
