@@ -128,7 +128,11 @@ def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Ite
 
 def reclaim_stale(study: optuna.Study, stale: list[TrialRecord] | None = None) -> int:
     """Fail the trials a dead process left RUNNING (all of them, or `stale`: those whose heartbeat stopped on a
-    shared storage) and queue their configurations again."""
+    shared storage) and queue their configurations again.
+
+    Not optuna.storages.fail_stale_trials with RetryHeartbeatStaleTrialCallback: that fails a trial before its
+    callback runs, after which Optuna refuses the stale flag that keeps it out of the budget, and the callback
+    re-queues answered repeats too (tests/store/test_optuna_adapter.py shows both)."""
     study_store = Store(study)
     stale = study_store.records(states=(TrialState.RUNNING,)) if stale is None else stale
     requeued = 0
