@@ -184,8 +184,9 @@ class TrialRecord:
         """The record of a stored trial, or of a trial this process is running (state RUNNING, no values yet).
 
         Filled in without the generated __init__: the loop and the search read every trial's record several times
-        per trial, and that __init__ of 45 frozen fields took 8 of the 9 µs a record costs to make. Fields left at
-        their default share one empty value, immutable (a MappingProxyType where the default is a mapping)."""
+        per trial, and that __init__ of 45 frozen fields took 8.6 µs where filling them in takes 1 µs (a record
+        with every attribute set: 21 µs before, 10 µs now). Fields left at their default share one empty value,
+        immutable (a MappingProxyType where the default is a mapping)."""
         finished = isinstance(trial, FrozenTrial)
         record = object.__new__(cls)
         record.__dict__.update(
