@@ -34,6 +34,7 @@ import optuna
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import RunContext, TrialConfig, create
 from autoinfer.engines.llama_bench import measurement_from_json
+from autoinfer.store.trials import Store
 from autoinfer.sweep.guard import TrialGuard
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -106,7 +107,7 @@ def main() -> None:
                     study.tell(trial, m.tg or 0.0)
                     if not m.ok:
                         raise SystemExit(f"harness trial failed: {m.outcome.value}: {m.reason}")
-                    idle_s = float(study.trials[trial.number].user_attrs["idle"]["waited_s"])
+                    idle_s = float(Store(study).record(trial.number).idle["waited_s"])
                     rows.append({"pair": i, "side": side, "wall_s": wall, "tg": m.tg, "pp": m.pp,
                                  "engine_s": m.engine_s, "process_wall_s": m.wall_s, "idle_s": idle_s,
                                  "wall_excl_idle_s": wall - idle_s,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -62,13 +63,13 @@ def main() -> int:
 
     study = store.load_study(study_name, storage)
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        env = t.user_attrs.get("env") or {}
+    for t in store.Store(study).records():
+        env = t.env
         rows.append({
-            "trial": t.number, "state": t.state.name, "outcome": t.user_attrs.get("outcome"),
-            "host": t.user_attrs.get(hardware.TRIAL_HOST_ATTR), "vram_peak_mib": t.user_attrs.get("vram_peak_mib"),
-            "host_lock_wait_s": t.user_attrs.get("host_lock_wait_s"),
-            "tg_median": statistics.median(store.samples_of(t, "tg")) if store.samples_of(t, "tg") else None,
+            "trial": t.number, "state": t.state.name, "outcome": t.outcome,
+            "host": asdict(t.host) if t.host else None, "vram_peak_mib": t.vram_peak_mib,
+            "host_lock_wait_s": t.host_lock_wait_s,
+            "tg_median": statistics.median(t.samples("tg")) if t.samples("tg") else None,
             "measured_from": env.get("started_at"),
             "measured_s": env.get("duration_s"),
             "gpu": (env.get("gpu") or {}).get("index"),
@@ -76,9 +77,10 @@ def main() -> int:
     windows = sorted((r["measured_from"], r["measured_from"] + r["measured_s"]) for r in rows
                      if r["measured_from"] is not None and r["measured_s"] is not None)
     overlaps = sum(1 for (_, end), (start, _) in zip(windows, windows[1:]) if start < end)
-    stored = study.user_attrs.get(hardware.CLASS_ATTR) or {}
+    stored = store.Store(study).study_record().hardware_class
     summary = {"exit_codes": codes, "wall_s": round(wall, 1), "storage": storage.split("@")[-1],
-               "hardware_class": stored.get("digest"), "class": hardware.describe(stored.get("fields") or {}),
+               "hardware_class": stored.digest if stored else None,
+               "class": hardware.describe(stored.fields if stored else {}),
                "overlapping_measurements": overlaps, "trials": rows}
     for r in rows:
         print(f"trial {r['trial']:>2} {r['outcome']:<10} pid {(r['host'] or {}).get('pid')} "

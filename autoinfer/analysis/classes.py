@@ -17,8 +17,9 @@ import optuna
 import pandas as pd
 
 from autoinfer.analysis.dataset import CONFIG_COLUMNS, config_table, load_frame
-from autoinfer.coordination.hardware import CLASS_ATTR, describe
+from autoinfer.coordination.hardware import describe
 from autoinfer.measure.stats import compare
+from autoinfer.store.trials import Store
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class ClassComparison:
 
 def study_class(study: optuna.Study) -> str:
     """The class a study is bound to; a study from before binding (an import) is a class of its own."""
-    return (study.user_attrs.get(CLASS_ATTR) or {}).get("digest") or f"study {study.study_name}"
+    bound = Store(study).study_record().hardware_class
+    return (bound.digest if bound is not None else "") or f"study {study.study_name}"
 
 
 def classes_frame(studies: Sequence[optuna.Study], loaded: Mapping[str, pd.DataFrame] | None = None,
@@ -40,9 +42,9 @@ def classes_frame(studies: Sequence[optuna.Study], loaded: Mapping[str, pd.DataF
     `loaded`: frames already read (by study name), which are not read again nor changed."""
     frames, descriptions = [], {}
     for study in studies:
-        bound = study.user_attrs.get(CLASS_ATTR) or {}
+        bound = Store(study).study_record().hardware_class
         digest = study_class(study)
-        descriptions.setdefault(digest, describe(bound["fields"]) if "fields" in bound else "unknown hardware")
+        descriptions.setdefault(digest, describe(bound.fields) if bound is not None else "unknown hardware")
         frame = (loaded or {}).get(study.study_name)
         frame = load_frame(study, placement=False) if frame is None else frame
         frame = frame.assign(study=study.study_name,

@@ -1,8 +1,9 @@
 """A study as a table, and outside rows as a study.
 
-`study_frame` turns every trial into one DataFrame row (parameters, outcome, medians with bootstrap CIs, memory,
-environment, source); `add_to_study` writes imported rows as trials in the store's layout (one trial per row, the
-full configuration in the `config` attribute), so status/analyze/export treat them like measured trials.
+`study_frame` turns every trial into one DataFrame row: what its TrialRecord carries (state, outcome, every stored
+scalar by its stored name, the host), its configuration, medians with bootstrap CIs and the environment;
+`add_to_study` stores imported rows as TrialRecords (one trial per row, the full configuration in `config`), so
+status/analyze/export treat them like measured trials.
 Re-importing a file skips rows already in the study (same source file and line).
 """
 
@@ -20,18 +21,15 @@ import numpy as np
 import optuna
 import pandas as pd
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import FrozenTrial, TrialState, create_trial
+from optuna.trial import TrialState
 
 from autoinfer.analysis.importers import ImportedRow, ImportResult
 from autoinfer.engines.base import Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
 from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, placement_bytes, realize
-from autoinfer.search.informed import REASON_ATTR
-from autoinfer.store import trials as store
-
-IMPORTED_ATTR = "imported_files"
-IMPORT_JUNK_ATTR = "import_junk"  # [{file, line, reason}] of every line an import skipped
+from autoinfer.store.records import ImportJunk, TrialRecord
+from autoinfer.store.trials import Store
 
 
 @dataclass(frozen=True)
@@ -95,46 +93,35 @@ def _merge(existing: dict[str, BaseDistribution], new: dict[str, BaseDistributio
     return merged
 
 
-def _trial(row: ImportedRow, config: dict[str, Any], dists: dict[str, BaseDistribution]) -> FrozenTrial:
+def _trial(row: ImportedRow, config: dict[str, Any], dists: dict[str, BaseDistribution]) -> TrialRecord:
+    """The record of one imported row (its number is given when the store adds it)."""
     params = {}
     for name, dist in dists.items():
         value = config.get(name)
         if value is None:
             continue
         params[name] = str(value) if isinstance(dist, CategoricalDistribution) else value
-    attrs = {
-        "config": config,
-        "outcome": row.outcome.value,
-        "reason": row.reason,
-        "engine_cmd": [],
-        "tg_samples": list(row.tg_samples),
-        "pp_samples": list(row.pp_samples),
-        "vram_peak_mib": row.vram_peak_mib,
-        "rss_peak_mib": row.rss_peak_mib,
-        "wall_s": 0.0,
-        "engine_s": None,
-        "env": dict(row.env),
-        "metrics": {},
-        "source_file": row.source_file,
-        "source_line": row.source_line,
-        "label": row.label,
-    }
     used = {k: v for k, v in dists.items() if k in params}
-    if row.outcome.is_memory:
-        return create_trial(state=TrialState.PRUNED, params=params, distributions=used, user_attrs=attrs,
-                            constraints={"memory": 1.0})
     samples = row.tg_samples or row.pp_samples
-    if row.outcome is Outcome.OK and samples:
-        return create_trial(state=TrialState.COMPLETE, value=statistics.median(samples), params=params,
-                            distributions=used, user_attrs=attrs)
-    return create_trial(state=TrialState.FAIL, params=params, distributions=used, user_attrs=attrs)
+    if row.outcome.is_memory:
+        state, values, constraints = TrialState.PRUNED, None, {"memory": 1.0}
+    elif row.outcome is Outcome.OK and samples:
+        state, values, constraints = TrialState.COMPLETE, (statistics.median(samples),), {}
+    else:
+        state, values, constraints = TrialState.FAIL, None, {}
+    return TrialRecord(
+        0, state, params, values, constraints, used, config=config, outcome=row.outcome.value, reason=row.reason,
+        tg_samples=tuple(row.tg_samples), pp_samples=tuple(row.pp_samples), vram_peak_mib=row.vram_peak_mib,
+        rss_peak_mib=row.rss_peak_mib, wall_s=0.0, env=dict(row.env), source_file=row.source_file,
+        source_line=row.source_line, label=row.label)
 
 
 def add_to_study(results: Sequence[ImportResult], study: optuna.Study) -> ImportSummary:
     """Add every row of the read files to the study; rows of earlier imports (same file and line) are skipped."""
     study_name = study.study_name
-    existing_trials = study.get_trials(deepcopy=False)
-    seen = {(t.user_attrs.get("source_file"), t.user_attrs.get("source_line")) for t in existing_trials}
+    study_store = Store(study)
+    existing_trials = study_store.records()
+    seen = {(t.source_file, t.source_line) for t in existing_trials}
     rows = [r for res in results for r in res.rows if (r.source_file, r.source_line) not in seen]
     skipped = sum(len(res.rows) for res in results) - len(rows)
     configs = [_config(r) for r in rows]
@@ -142,15 +129,13 @@ def add_to_study(results: Sequence[ImportResult], study: optuna.Study) -> Import
     for t in existing_trials:
         existing.update(t.distributions)
     dists = _merge(existing, _searched(configs), study_name)
-    study.add_trials([_trial(r, c, dists) for r, c in zip(rows, configs)])
-    files = list(study.user_attrs.get(IMPORTED_ATTR, []))
-    files += [res.path for res in results if res.path not in files]
-    study.set_user_attr(IMPORTED_ATTR, files)
-    junk = list(study.user_attrs.get(IMPORT_JUNK_ATTR, []))
-    known = {(j["file"], j["line"]) for j in junk}
-    junk += [{"file": j.source_file, "line": j.source_line, "reason": j.reason}
-             for res in results for j in res.junk if (j.source_file, j.source_line) not in known]
-    study.set_user_attr(IMPORT_JUNK_ATTR, junk)
+    study_store.add_trials([_trial(r, c, dists) for r, c in zip(rows, configs)])
+    kept = study_store.study_record()
+    files = [*kept.imported_files, *(res.path for res in results if res.path not in kept.imported_files)]
+    known = {(j.file, j.line) for j in kept.import_junk}
+    junk = [*kept.import_junk, *(ImportJunk(j.source_file, j.source_line, j.reason)
+                                 for res in results for j in res.junk if (j.source_file, j.source_line) not in known)]
+    study_store.write_study(imported_files=tuple(files), import_junk=tuple(junk))
     return ImportSummary(study_name, len(rows), skipped, sum(len(res.junk) for res in results))
 
 
@@ -185,43 +170,31 @@ def _summary(samples: list[float], kind: str) -> dict[str, Any]:
             f"{kind}_samples": list(samples)}
 
 
-def trial_row(t: FrozenTrial) -> dict[str, Any]:
-    config = dict(t.user_attrs.get("config") or {})
+def trial_row(t: TrialRecord) -> dict[str, Any]:
+    """The record's own columns (TrialRecord.columns: every stored scalar, the host) after the trial's state and
+    outcome, then its configuration's parameters, the samples' medians with CIs and the environment (env_*)."""
+    config = dict(t.config or {})
     if isinstance(config.get("override_tensors"), list):
         config["override_tensors"] = ";".join(config["override_tensors"])
+    value = t.value if t.state == TrialState.COMPLETE else None
     row: dict[str, Any] = {
         "trial": t.number,
         "state": t.state.name.lower(),
-        "outcome": store.outcome_of(t),
-        "reason": t.user_attrs.get("reason", ""),
+        "outcome": t.status,
         "feasible": all(v <= 0 for v in t.constraints.values()),
-        "value": t.value if t.state == TrialState.COMPLETE else float("nan"),
+        "value": value if value is not None else float("nan"),
         "config_key": config_key(config) if config else "",
-        **{key: t.user_attrs.get(key) for key in store.ORIGIN_ATTRS},  # why a trial measures a configuration again
-        "search_reason": t.user_attrs.get(REASON_ATTR, ""),
-        **config,
-        **_summary(store.samples_of(t, "tg"), "tg"),
-        **_summary(store.samples_of(t, "pp"), "pp"),
-        "vram_peak_mib": t.user_attrs.get("vram_peak_mib"),
-        "rss_peak_mib": t.user_attrs.get("rss_peak_mib"),
-        "wall_s": t.user_attrs.get("wall_s"),
-        "engine_s": t.user_attrs.get("engine_s"),
-        "engine_cmd": " ".join(t.user_attrs.get("engine_cmd") or []),
-        "source_file": t.user_attrs.get("source_file", ""),
-        "source_line": t.user_attrs.get("source_line"),
-        "label": t.user_attrs.get("label", ""),
-        "hardware_class": (t.user_attrs.get("host") or {}).get("hardware_class", ""),  # campaign.hardware
-        "hostname": (t.user_attrs.get("host") or {}).get("hostname", ""),
-        **_flat_env(t.user_attrs.get("env") or {}),
+        **t.columns(),
     }
+    row.update({k: v for k, v in config.items() if k not in row})
+    row.update({**_summary(t.samples("tg"), "tg"), **_summary(t.samples("pp"), "pp"), **_flat_env(t.env)})
     return row
 
 
 def study_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per finished trial, in trial order. Queued and running trials have measured nothing yet, and stale
     (re-queued) trials are left out: their retry is the measurement."""
-    trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state.is_finished() and not t.user_attrs.get(store.STALE_ATTR)]
+    trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale]
     frame = pd.DataFrame([trial_row(t) for t in trials])
     if frame.empty:
         raise UserError(f"study {study.study_name!r} has no trials; run `autoinfer sweep` or `autoinfer import`")

@@ -20,11 +20,12 @@ from autoinfer import atomic
 from autoinfer.analysis import fits as F
 from autoinfer.analysis import plots
 from autoinfer.analysis.classes import ClassComparison, classes_frame, compare_classes, study_class
-from autoinfer.analysis.dataset import IMPORT_JUNK_ATTR, IMPORTED_ATTR, config_table, load_frame, ok_rows
+from autoinfer.analysis.dataset import config_table, load_frame, ok_rows
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import DEFAULT_THREADS
 from autoinfer.search.pareto import points, tg_pp_front
+from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.drift import flagged_trials
 from autoinfer.sweep.recommend import Recommendation, recommend
@@ -520,17 +521,18 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
 
     counts = frame["outcome"].value_counts()
     md += ["## Data", "", f"{len(frame)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".", ""]
-    imported = study.user_attrs.get(IMPORTED_ATTR) or []
+    kept = Store(study).study_record()
+    imported = kept.imported_files
     if imported:
         md += ["Imported from: " + ", ".join(f"`{Path(p).name}`" for p in imported) + ".", ""]
         envs = [c for c in frame.columns if c.startswith("env_gpu_name")]
         if envs:
             md += ["Hardware of the imported rows: " + ", ".join(sorted(frame[envs[0]].dropna().astype(str).unique()))
                    + ".", ""]
-    junk = study.user_attrs.get(IMPORT_JUNK_ATTR) or []
+    junk = kept.import_junk
     if junk:
         md += [f"{len(junk)} line(s) of the imported files were not results and were skipped:", "",
-               _table(["file", "line", "reason"], [[Path(j["file"]).name, j["line"], j["reason"]] for j in junk]), ""]
+               _table(["file", "line", "reason"], [[Path(j.file).name, j.line, j.reason] for j in junk]), ""]
     md += ["Files: `trials.csv`, `trials.parquet` (one row per trial), `fits.json` (every fit with CIs, AICc, "
            "hold-out error).", ""]
     return "\n".join(md)

@@ -17,7 +17,7 @@ from autoinfer.campaign.yaml_loader import load_yaml
 from autoinfer.engines.knobs import Knob, with_placement
 from autoinfer.errors import UserError
 from autoinfer.model.resolve import SYNTH_PREFIX
-from autoinfer.store import trials
+from autoinfer.store.trials import Store
 
 
 class _Strict(BaseModel):
@@ -362,7 +362,7 @@ def load_campaign(path: Path) -> Campaign:
 
 def stored_campaign(study: optuna.Study) -> Campaign | None:
     """The campaign the study was made with; UserError when the stored copy cannot be read."""
-    text = study.user_attrs.get(trials.CAMPAIGN_ATTR)
+    text = Store(study).study_record().campaign
     if not text:
         return None
     try:

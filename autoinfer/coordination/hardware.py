@@ -14,16 +14,16 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from typing import Any
+from typing import Any, Mapping
 
 import optuna
 
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
 from autoinfer.measure.host import Fingerprint, fingerprint
+from autoinfer.store.records import HardwareClass, TrialHost
+from autoinfer.store.trials import Store
 
-CLASS_ATTR = "hardware_class"  # study attr: {"digest": …, "fields": {…}}
-TRIAL_HOST_ATTR = "host"  # trial attr: {"hostname", "pid", "hardware_class", "cuda_visible_devices"}
 OVERRIDE_ENV = "AUTOINFER_HARDWARE_CLASS"
 
 
@@ -39,7 +39,7 @@ def declared_class(label: str) -> Fingerprint:
     return Fingerprint((("declared", label),), hashlib.sha256(label.encode()).hexdigest()[:12])
 
 
-def describe(fields: dict[str, Any]) -> str:
+def describe(fields: Mapping[str, Any]) -> str:
     """One line: 'NVIDIA H100 80 GiB, AMD EPYC 9654 (16 cores), 128 GiB RAM'."""
     if "declared" in fields:
         return f"declared class {fields['declared']!r}"
@@ -50,21 +50,21 @@ def describe(fields: dict[str, Any]) -> str:
 def bind(study: optuna.Study, current: Fingerprint | None = None) -> Fingerprint:
     """Tie a new study to this machine's class, or refuse a machine whose class differs from the stored one."""
     current = current or hardware_class()
-    stored = study.user_attrs.get(CLASS_ATTR)
+    study_store = Store(study)
+    stored = study_store.study_record().hardware_class
     if stored is None:
-        study.set_user_attr(CLASS_ATTR, {"digest": current.digest, "fields": current.as_dict()})
+        study_store.write_study(hardware_class=HardwareClass(current.digest, current.as_dict()))
         return current
-    if stored["digest"] != current.digest:
+    if stored.digest != current.digest:
         raise UserError(
-            f"study {study.study_name!r} was measured on hardware class {stored['digest']} "
-            f"({describe(stored['fields'])}); this machine is class {current.digest} ({describe(current.as_dict())}); "
+            f"study {study.study_name!r} was measured on hardware class {stored.digest} "
+            f"({describe(stored.fields)}); this machine is class {current.digest} ({describe(current.as_dict())}); "
             f"results of different hardware are never ranked together: join with your own study, e.g. "
             f"--study {study.study_name}-{current.digest}"
         )
     return current
 
 
-def trial_host(current: Fingerprint) -> dict[str, Any]:
+def trial_host(current: Fingerprint) -> TrialHost:
     """What a trial records about the worker that measured it."""
-    return {"hostname": socket.gethostname(), "pid": os.getpid(), "hardware_class": current.digest,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return TrialHost(socket.gethostname(), os.getpid(), current.digest, os.environ.get("CUDA_VISIBLE_DEVICES"))

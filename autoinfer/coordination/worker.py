@@ -29,8 +29,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import optuna
-from optuna.storages._heartbeat import BaseHeartbeatThread
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Workers
 from autoinfer.coordination import hardware
@@ -39,7 +38,9 @@ from autoinfer.measure.host import Fingerprint
 from autoinfer.paths import STORAGE_ENV
 from autoinfer.store import optuna_adapter as adapter
 from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord, waiting_remeasurements
 from autoinfer.store.redact import redact, redact_url
+from autoinfer.store.trials import Store, write_trial
 from autoinfer.store.urls import check_url, driver_url, is_shared
 
 _LOCK_SPACE = 0x61757469  # first key of every advisory lock autoinfer takes ("auti")
@@ -125,38 +126,34 @@ def serialized(study_or_url: optuna.Study | str, name: str | None = None) -> Ite
         yield
 
 
-def stale_trials(study: optuna.Study) -> list[FrozenTrial] | None:
-    """Running trials whose heartbeat stopped (shared storage); None: one worker per study, all RUNNING are stale."""
-    if adapter.heartbeat_interval(study) is None:
-        return None
-    ids = adapter.stale_trial_ids(study)
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if adapter.trial_id(t) in ids]
-
-
-def reclaim_stale(study: optuna.Study, stale: list[FrozenTrial] | None = None) -> int:
+def reclaim_stale(study: optuna.Study, stale: list[TrialRecord] | None = None) -> int:
     """Fail the trials a dead process left RUNNING (all of them, or `stale`: those whose heartbeat stopped on a
-    shared storage) and queue their configurations again."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if stale is None else stale
+    shared storage) and queue their configurations again.
+
+    Not optuna.storages.fail_stale_trials with RetryHeartbeatStaleTrialCallback: that fails a trial before its
+    callback runs, after which Optuna refuses the stale flag that keeps it out of the budget, and the callback
+    re-queues answered repeats too (tests/store/test_optuna_adapter.py shows both)."""
+    study_store = Store(study)
+    stale = study_store.records(states=(TrialState.RUNNING,)) if stale is None else stale
     requeued = 0
     for t in stale:
         chosen = bool(t.params)  # a process killed between ask() and its first suggest left nothing to re-run
-        repeat = t.user_attrs.get(store.REPEAT_ATTR)  # answered from an earlier trial: nothing was to run
+        repeat = t.repeat_of  # answered from an earlier trial: nothing was to run
         reason = ("re-queued" if chosen and repeat is None else f"a repeat of trial {repeat}; nothing to re-run"
                   if chosen else "before its configuration was chosen; nothing to re-run")
         chosen = chosen and repeat is None
-        failed = adapter.fail_with(study, t, {
-            store.STALE_ATTR: True, "outcome": "crash",
-            "reason": f"the sweep process died while this trial ran; {reason}"})
+        failed = study_store.fail(t, stale=True, outcome="crash",
+                             reason=f"the sweep process died while this trial ran; {reason}")
         if failed and chosen:  # not failed: its worker finished it after all
-            study.enqueue_trial(t.params, user_attrs={store.RETRY_ATTR: t.number}, skip_if_exists=False)
+            study_store.enqueue(dict(t.params), retry_of=t.number)
             requeued += 1
     return requeued
 
 
-def counted(trial: FrozenTrial) -> bool:
+def counted(trial: TrialRecord) -> bool:
     """A trial that uses up the budget: finished and counted by the store, or running somewhere now; a drift
     re-measurement never does."""
-    return (trial.state == TrialState.RUNNING or store.is_finished(trial)) and not store.is_remeasurement(trial)
+    return (trial.state == TrialState.RUNNING or trial.is_finished) and not trial.is_remeasurement
 
 
 def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:
@@ -180,7 +177,7 @@ class SharedBudget:
         self.trials = trials
         self.machine = machine
         self.note = note
-        self._beat: BaseHeartbeatThread | None = None
+        self._beat: adapter.BaseHeartbeatThread | None = None
 
     def ask(self, dists: dict[str, Any]) -> optuna.Trial | None:
         """The next trial, or None once finished trials fill the budget.
@@ -194,24 +191,25 @@ class SharedBudget:
                 trials = self._reclaimed_trials()
                 used = sum(1 for t in trials if counted(t))
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-                if used < self.trials or store.waiting_remeasurements(trials):
+                if used < self.trials or waiting_remeasurements(trials):
                     with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
                         trial = self.study.ask(dists)
                     self._beat = adapter.start_heartbeat(self.study, trial)
-                    trial.set_user_attr(hardware.TRIAL_HOST_ATTR, hardware.trial_host(self.machine))
+                    write_trial(trial, host=hardware.trial_host(self.machine))
                     return trial
             if not running:
                 return None
             time.sleep(adapter.heartbeat_interval(self.study) or 1)
 
-    def _reclaimed_trials(self) -> list[FrozenTrial]:
+    def _reclaimed_trials(self) -> list[TrialRecord]:
         """The study's trials after failing and re-queueing those of dead workers."""
-        stale = stale_trials(self.study)
+        study_store = Store(self.study)
+        stale = study_store.stale_running()
         requeued = reclaim_stale(self.study, stale) if stale else 0
         if requeued:
             self.note(f"{requeued} trial(s) of a worker whose heartbeat stopped: failed and re-queued")
-        return self.study.get_trials(deepcopy=False)
+        return study_store.records()
 
     def _stop_beat(self) -> None:
         if self._beat is not None:

@@ -12,7 +12,7 @@ import yaml
 from autoinfer.engines.base import TrialConfig, capabilities
 from autoinfer.engines.llama_common import bench_args, server_args
 from autoinfer.errors import UserError
-from autoinfer.store.trials import Best, samples_of
+from autoinfer.store.trials import Best
 
 FORMATS = ("server", "bench", "python", "json", "yaml")
 #: Engines whose configurations are llama.cpp configurations (a replay table is made from llama.cpp runs).
@@ -20,7 +20,7 @@ FORMATS = ("server", "bench", "python", "json", "yaml")
 
 def _binary(best: Best, name: str) -> str:
     """The binary next to the one the trial ran, so the pasted command uses the same build."""
-    cmd = best.trial.user_attrs.get("engine_cmd") or []
+    cmd = best.trial.engine_cmd
     if cmd and Path(cmd[0]).name.startswith("llama-"):
         return str(Path(cmd[0]).with_name(name))
     return name
@@ -34,11 +34,12 @@ def as_dict(best: Best, study: str) -> dict:
         "objective": best.value,
         "params": dict(t.params),
         "config": best.config.to_params(),
-        "tg_samples": samples_of(t, "tg"),
-        "pp_samples": samples_of(t, "pp"),
-        "vram_peak_mib": t.user_attrs.get("vram_peak_mib"),
-        "rss_peak_mib": t.user_attrs.get("rss_peak_mib"),
-        "confirmed": best.confirmation,  # interleaved re-measurement and its test; None when not confirmed
+        "tg_samples": t.samples("tg"),
+        "pp_samples": t.samples("pp"),
+        "vram_peak_mib": t.vram_peak_mib,
+        "rss_peak_mib": t.rss_peak_mib,
+        # interleaved re-measurement and its test; None when not confirmed
+        "confirmed": best.confirmation.to_attr() if best.confirmation is not None else None,
     }
 
 
@@ -82,7 +83,7 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
 
 
 def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str:
-    own = capabilities(engine).own_command and best.trial.user_attrs.get("engine_cmd")
+    own = capabilities(engine).own_command and best.trial.engine_cmd
     if fmt == "bench" and own:  # the engine's own command, exactly as the trial ran it
         return shlex.join(own)
     if fmt in ("server", "bench", "python") and not capabilities(engine).llama_settings:

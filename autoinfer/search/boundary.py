@@ -42,8 +42,10 @@ from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import cpu_expert_layers, cpu_layers
-from autoinfer.search.informed import REASON_ATTR, SAMPLED, SearchAid, _typical
+from autoinfer.search.informed import SAMPLED, SearchAid, _typical
 from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord
+from autoinfer.store.trials import Store, write_trial
 
 GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "tensor_split", "expert_split")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
@@ -129,8 +131,8 @@ class Boundary:
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
-        if trial.user_attrs.get(REASON_ATTR) is None:
-            trial.set_user_attr(REASON_ATTR, f"{SAMPLED} {self.sampler} (every local move was measured)")
+        if TrialRecord.from_trial(trial).search_reason is None:
+            write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (every local move was measured)")
         return self.aid.before_run(trial, config)
 
     def observe(self, study: optuna.Study) -> None:
@@ -141,19 +143,16 @@ class Boundary:
     def _queue(self, study: optuna.Study) -> None:
         """Queue the next proposal unless a trial is already waiting (a retry, a re-measurement, a proposal) or the
         trial budget is spent (a proposal left behind would sit in the study as a trial that never runs)."""
-        trials = study.get_trials(deepcopy=False)
+        trials = Store(study).records()
         if any(t.state == TrialState.WAITING for t in trials):
             return
-        spent = sum((store.is_finished(t) or t.state == TrialState.RUNNING) and not store.is_remeasurement(t)
-                    for t in trials)
+        spent = sum((t.is_finished or t.state == TrialState.RUNNING) and not t.is_remeasurement for t in trials)
         if spent >= self.campaign.budget.trials:
             return
         choice = self.propose(study)
         if choice is not None:
-            attrs = {REASON_ATTR: choice.reason}
-            if choice.again_of is not None:
-                attrs[store.AGAIN_ATTR] = choice.again_of
-            study.enqueue_trial(choice.params, user_attrs=attrs, skip_if_exists=False)
+            again = {"again_of": choice.again_of} if choice.again_of is not None else {}
+            Store(study).enqueue(choice.params, search_reason=choice.reason, **again)
 
     def propose(self, study: optuna.Study) -> Choice | None:
         """The next configuration to measure and why; None when only the sampler is left."""
@@ -394,24 +393,23 @@ class Boundary:
         out = []
         budget = self.aid.budget_mib
         weights = self.campaign.objective_weights()
-        trials = [t for t in study.get_trials(deepcopy=False)
-                  if t.state.is_finished() and not t.user_attrs.get(store.STALE_ATTR) and t.params]
+        trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale and t.params]
         pooled: dict[str, dict[str, list[float]]] = {}
         runs: dict[str, int] = {}
         for t in trials:
-            if store.is_feasible_ok(t):
+            if t.is_feasible_ok:
                 key = _key(t.params)
                 samples = pooled.setdefault(key, {"tg": [], "pp": [], "kld": []})
-                samples["tg"] += store.samples_of(t, "tg")
-                samples["pp"] += store.samples_of(t, "pp")
-                samples["kld"] += store.kld_of(t)
+                samples["tg"] += t.samples("tg")
+                samples["pp"] += t.samples("pp")
+                samples["kld"] += t.kld_samples
                 runs[key] = runs.get(key, 0) + 1
         for t in trials:
-            outcome = t.user_attrs.get("outcome")
-            config = store.config_of(t) if "config" in t.user_attrs else None
-            samples = pooled.get(_key(t.params)) if store.is_feasible_ok(t) else None
+            outcome = t.outcome
+            config = t.trial_config if t.config is not None else None
+            samples = pooled.get(_key(t.params)) if t.is_feasible_ok else None
             score = store.score(samples, weights) if samples else None
-            peak = t.user_attrs.get("rss_peak_mib") if self.aid.side == "host" else t.user_attrs.get("vram_peak_mib")
+            peak = t.rss_peak_mib if self.aid.side == "host" else t.vram_peak_mib
             if outcome in ("oom", "infeasible", "predicted_infeasible"):
                 fits = False
             elif outcome in ("ok", "pruned") and peak and budget is not None:
@@ -419,8 +417,8 @@ class Boundary:
             else:
                 fits = None
             tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
-            out.append(Seen(t.number, dict(t.params), score, fits, t.user_attrs.get("predicted_mib"), config, tg, pp,
-                            str(t.user_attrs.get(REASON_ATTR) or ""), runs.get(_key(t.params), 1)))
+            out.append(Seen(t.number, dict(t.params), score, fits, t.predicted_mib, config, tg, pp,
+                            str(t.search_reason or ""), runs.get(_key(t.params), 1)))
         return out
 
     def _calibrate(self, seen: list[Seen]) -> None:

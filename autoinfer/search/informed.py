@@ -36,16 +36,13 @@ from autoinfer.model.placement import (
     realize,
 )
 from autoinfer.model.shape import ModelShape
-from autoinfer.store import trials as store
+from autoinfer.store.records import MemoryCalibration, TrialRecord
+from autoinfer.store.trials import Store, write_trial
 
 SHOWN_REASONS = 12  # the last trials whose choice `status` explains
 SAMPLED = "sampler:"  # the reason of a trial the strategy left to the campaign's sampler
-REASON_ATTR = "search_reason"  # why the search strategy chose a trial (autoinfer.search), shown by `status`
-LABEL_ATTR = "label"
-FIT_OVERRIDE_ATTR = "fit_override_tensors"
-FIT_SPLIT_ATTR = "fit_tensor_split"  # llama-fit-params' -ts on several GPUs, in llama-bench's "a/b" notation
-MEMORY_ATTR = "memory_model"  # study attribute: the calibration's size and error
-NOTES_ATTR = "search_notes"  # study attribute: what the informed start did or why it could not
+#: Keys of an informed trial's parameters that are llama-fit-params' own answer, recorded on the trial (TrialRecord)
+FIT_KEYS = ("fit_override_tensors", "fit_tensor_split")
 PLACEMENT_PARAMS = ("n_gpu_layers", "n_cpu_moe", *PLACEMENT_KEYS)
 
 
@@ -117,11 +114,12 @@ class SearchAid:
     def realize(self, config: TrialConfig, trial: optuna.Trial) -> TrialConfig:
         """Placement parameters → tensor overrides (for engines that do not take them as such); a
         llama-fit-params baseline gets its own overrides and tensor split."""
-        split = trial.user_attrs.get(FIT_SPLIT_ATTR)
+        asked = TrialRecord.from_trial(trial)
+        split = asked.fit_tensor_split
         if split is not None:
             kept = tuple((k, v) for k, v in config.extra if k != "tensor_split")
             config = config.with_(extra=(*kept, ("tensor_split", split)))
-        fit = trial.user_attrs.get(FIT_OVERRIDE_ATTR)
+        fit = asked.fit_override_tensors
         if fit is not None:
             extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
             return config.with_(override_tensors=tuple(fit), extra=extra)
@@ -154,8 +152,7 @@ class SearchAid:
         """Record the prediction on the trial; a predicted_infeasible measurement when it should not run."""
         pred = self.predict(config)
         if pred is not None:
-            trial.set_user_attr("predicted_mib", round(pred.mib, 1))
-            trial.set_user_attr("predicted_std_mib", round(pred.std_mib, 1))
+            write_trial(trial, predicted_mib=round(pred.mib, 1), predicted_std_mib=round(pred.std_mib, 1))
         return self.skip(config)
 
     def after_run(self, study: optuna.Study) -> None:
@@ -176,18 +173,18 @@ class SearchAid:
         if not self.memory:
             return
         by_model: dict[str, list[tuple[TrialConfig, Any]]] = {}
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            peak = t.user_attrs.get("rss_peak_mib") if self.side == "host" else \
-                t.user_attrs.get("vram_per_gpu_mib") if self.n_gpus > 1 else t.user_attrs.get("vram_peak_mib")
-            if peak and t.user_attrs.get("outcome") in ("ok", "infeasible", "pruned") and "config" in t.user_attrs:
-                config = store.config_of(t)
+        study_store = Store(study)
+        for t in study_store.records(states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            peak = t.rss_peak_mib if self.side == "host" else \
+                t.vram_per_gpu_mib if self.n_gpus > 1 else t.vram_peak_mib
+            if peak and t.outcome in ("ok", "infeasible", "pruned") and t.config is not None:
+                config = t.trial_config
                 by_model.setdefault(str(config.model), []).append((config, peak))
         summary = {}
         for path, model in self.memory.items():
             cal = model.calibrate(by_model.get(path, []))
-            summary[Path(path).name] = {"trials": cal.n, "loo_median_rel_error": cal.loo_rel_error,
-                                        "noise_mib": cal.noise_mib, "side": self.side}
-        study.set_user_attr(MEMORY_ATTR, summary)
+            summary[Path(path).name] = MemoryCalibration(cal.n, cal.loo_rel_error, cal.noise_mib, self.side)
+        study_store.write_study(memory_model=summary)
 
     def pruner(self, study: optuna.Study, config: TrialConfig) -> Callable[[float], bool] | None:
         """A rule for the engine's first repetition: cut it when below prune_below × the best median so far."""
@@ -195,9 +192,8 @@ class SearchAid:
         kind = "tg" if config.n_gen else "pp"
         if below is None or kind not in self.campaign.objective_weights():
             return None
-        medians = [statistics.median(store.samples_of(t, kind))
-                   for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if store.is_feasible_ok(t) and store.samples_of(t, kind)]
+        medians = [statistics.median(t.samples(kind)) for t in Store(study).records(states=(TrialState.COMPLETE,))
+                   if t.is_feasible_ok and t.samples(kind)]
         if not medians:
             return None
         threshold = below * max(medians)
@@ -206,11 +202,12 @@ class SearchAid:
     # -- informed start -------------------------------------------------------------------------------------
     def enqueue_start(self, study: optuna.Study, searched: dict[str, Any]) -> int:
         """Queue the informed trials on a new study; returns how many. Notes say why fewer were possible."""
+        study_store = Store(study)
         if not self.campaign.search.informed or study.get_trials(deepcopy=False):
             return 0
         if self.budget_mib is None or not self.memory:
             self.notes.append("no memory budget or no memory model: the search starts without informed trials")
-            study.set_user_attr(NOTES_ATTR, self.notes)
+            study_store.write_study(search_notes=tuple(self.notes))
             return 0
         model_name = next(iter(self.models))
         path = self.models[model_name]
@@ -226,12 +223,9 @@ class SearchAid:
         if baseline is not None:
             queued.insert(1, baseline)
         for params, label in queued:
-            attrs = {LABEL_ATTR: label}
-            for key in (FIT_OVERRIDE_ATTR, FIT_SPLIT_ATTR):
-                if key in params:
-                    attrs[key] = params.pop(key)
-            study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
-        study.set_user_attr(NOTES_ATTR, self.notes)
+            fit = {key: params.pop(key) for key in FIT_KEYS if key in params}
+            study_store.enqueue(params, skip_if_exists=True, label=label, **fit)
+        study_store.write_study(search_notes=tuple(self.notes))
         return len(queued)
 
     def placements(self, path: str, model_name: str, searched: dict[str, Any]) -> list[dict[str, Any]]:
@@ -330,13 +324,13 @@ class SearchAid:
                     params[name] = min(_allowed(self.campaign, name))
             if "placement" in searched:
                 params["placement"] = _allowed(self.campaign, "placement")[0]
-            params[FIT_OVERRIDE_ATTR] = list(patterns)
+            params["fit_override_tensors"] = tuple(patterns)
         if FOLLOW_LAYERS in (_allowed(self.campaign, "expert_split") or []):  # as llama-fit-params placed them
             params["expert_split"] = FOLLOW_LAYERS
         if split is not None:
             if "tensor_split" in searched:
                 params["tensor_split"] = _allowed(self.campaign, "tensor_split")[0]
-            params[FIT_SPLIT_ATTR] = split
+            params["fit_tensor_split"] = split
         per_gpu = f" per GPU on {self.n_gpus} GPUs" if self.n_gpus > 1 else ""
         return params, f"baseline: llama-fit-params for {self.campaign.constraints.vram_mib:.0f} MiB{per_gpu}"
 
@@ -344,26 +338,28 @@ class SearchAid:
 def status_rows(study: optuna.Study) -> list[tuple[str, str]]:
     """What `status` shows about the search: the memory model's error, the informed start, why the last trials
     were chosen, the Pareto front."""
-    from autoinfer.search.pareto import FRONT_ATTR, front
+    from autoinfer.search.pareto import front
 
+    study_store = Store(study)
+    kept = study_store.study_record()
+    trials = study_store.records()
     rows = []
-    for name, cal in (study.user_attrs.get(MEMORY_ATTR) or {}).items():
-        err = cal.get("loo_median_rel_error")
-        rows.append(("memory model", f"{name} ({cal['side']}): calibrated on {cal['trials']} trials, "
+    for name, cal in kept.memory_model.items():
+        err = cal.loo_median_rel_error
+        rows.append(("memory model", f"{name} ({cal.side}): calibrated on {cal.trials} trials, "
                      + (f"leave-one-out median error {100 * err:.1f}%" if err is not None else "error not known yet")))
-    labelled = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(LABEL_ATTR)]
-    for t in labelled:
-        rows.append((f"  trial {t.number}", f"{t.user_attrs[LABEL_ATTR]} → {store.outcome_of(t)}"))
-    for note in study.user_attrs.get(NOTES_ATTR) or []:
+    for t in [t for t in trials if t.label]:
+        rows.append((f"  trial {t.number}", f"{t.label} → {t.status}"))
+    for note in kept.search_notes:
         rows.append(("search note", note))
-    chosen = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(REASON_ATTR) and store.is_finished(t)]
-    sampled = [t for t in chosen if t.user_attrs[REASON_ATTR].startswith(SAMPLED)]
+    chosen = [t for t in trials if t.search_reason and t.is_finished]
+    sampled = [t for t in chosen if t.search_reason.startswith(SAMPLED)]
     for t in [t for t in chosen if t not in sampled][-SHOWN_REASONS:]:
-        rows.append((f"  search trial {t.number}", f"{t.user_attrs[REASON_ATTR]} → {store.outcome_of(t)}"))
+        rows.append((f"  search trial {t.number}", f"{t.search_reason} → {t.status}"))
     if sampled:
         rows.append(("  sampled", f"{len(sampled)} trial(s) chosen by the sampler once the strategy had no move left "
                                   f"(trials {sampled[0].number}–{sampled[-1].number})"))
-    if FRONT_ATTR in study.user_attrs:
+    if kept.pareto_front is not None:
         for p in front(study):
             rows.append((f"pareto trial {p.trial.number}",
                          f"tg {p.tg:.2f}  pp {p.pp:.2f} tok/s  peak {p.mem_mib:.0f} MiB"))

@@ -1,8 +1,8 @@
 """Multi-objective mode (`objective: pareto`): generation tok/s, prompt tok/s and peak memory, and the front of
 configurations that no other beats on all three. Export picks from the front for a memory budget.
 
-The front is computed from the stored samples (medians), so it can be shown for any study, and is also kept in the
-study's user attribute `pareto_front` (trial numbers) after every trial.
+The front is computed from the stored samples (medians), so it can be shown for any study, and is also kept on the
+study (StudyRecord.pareto_front: trial numbers) after every trial.
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import statistics
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError
 from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord
+from autoinfer.store.trials import Store
 
 DIRECTIONS = ("maximize", "maximize", "minimize")  # tg tok/s, pp tok/s, peak MiB
-FRONT_ATTR = "pareto_front"
 PICK_OBJECTIVES = ("tg", "pp", "balanced")
 
 
@@ -44,7 +45,7 @@ def values(m: Measurement) -> list[float]:
 
 @dataclass(frozen=True)
 class Point:
-    trial: FrozenTrial
+    trial: TrialRecord
     tg: float
     pp: float
     mem_mib: float
@@ -56,11 +57,11 @@ class Point:
 
 def points(study: optuna.Study) -> list[Point]:
     out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not store.is_feasible_ok(t):
+    for t in Store(study).records(states=(TrialState.COMPLETE,)):
+        if not t.is_feasible_ok:
             continue
-        tg, pp = store.samples_of(t, "tg"), store.samples_of(t, "pp")
-        mem = peak_mib(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
+        tg, pp = t.samples("tg"), t.samples("pp")
+        mem = peak_mib(t.vram_peak_mib, t.rss_peak_mib)
         if mem is None:
             continue
         out.append(Point(t, statistics.median(tg) if tg else 0.0, statistics.median(pp) if pp else 0.0, float(mem)))
@@ -86,7 +87,7 @@ def tg_pp_front(pts: list[Point], budget_mib: float | None) -> list[Point]:
 
 def remember(study: optuna.Study) -> None:
     """Store the current front's trial numbers on the study."""
-    study.set_user_attr(FRONT_ATTR, [p.trial.number for p in front(study)])
+    Store(study).write_study(pareto_front=tuple(p.trial.number for p in front(study)))
 
 
 def pick(study: optuna.Study, budget_mib: float | None, objective: str) -> store.Best:
@@ -106,4 +107,4 @@ def pick(study: optuna.Study, budget_mib: float | None, objective: str) -> store
         return p.tg if objective == "tg" else p.pp
 
     best = max(candidates, key=score)
-    return store.Best(best.trial, store.config_of(best.trial), score(best))
+    return store.Best(best.trial, best.trial.trial_config, score(best))

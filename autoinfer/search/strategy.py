@@ -9,7 +9,7 @@ nothing left to propose. Three calls:
   running it when it should not run (predicted over the memory budget, an exact repeat);
 - observe(study): after every finished or screened trial: learn from it and queue the next proposal.
 
-Every decision is written on the trial (REASON_ATTR) so `status` can show it.
+Every decision is written on the trial (TrialRecord.search_reason) so `status` can show it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The study store: Optuna storage is the source of truth; per-trial artifacts live beside it on disk.
 
-Everything `status`, `export` and `analyze` show is read back from here, so a campaign can be inspected,
-resumed or exported from any process.
+Everything `status`, `export` and `analyze` show is read back from here as records (autoinfer.store.records), so a
+campaign can be inspected, resumed or exported from any process.
 """
 
 from __future__ import annotations
@@ -12,31 +12,19 @@ import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState, create_trial
 
 from autoinfer import atomic
-from autoinfer.engines.base import Measurement, Outcome, TrialConfig
+from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.paths import default_storage
+from autoinfer.store import optuna_adapter as adapter
+from autoinfer.store.records import Confirmation, StudyRecord, TrialRecord, attrs_of, study_attrs_of
 from autoinfer.store.redact import redact, redact_url
 from autoinfer.store.urls import MEMORY_STORAGE, driver_url
-
-CAMPAIGN_ATTR = "campaign"
-UNMEASURED_ATTR = "unmeasured"  # recorded without running: costs no measurement, not counted against the budget
-AGAIN_ATTR = "again_of"  # measured again on purpose by the search: a lucky first measurement is checked
-REPEAT_ATTR = "repeat_of"  # answered with an earlier trial's measurement, not run
-REMEASURE_ATTR = "remeasure_of"  # queued again because the drift anchor flagged its measurement
-RETRY_ATTR = "retry_of"  # queued again because the worker that ran it died (no heartbeat)
-#: Why a trial exists when it is not the search's own suggestion: each names the trial it measures again or answers.
-ORIGIN_ATTRS = (REMEASURE_ATTR, RETRY_ATTR, AGAIN_ATTR, REPEAT_ATTR)
-STALE_ATTR = "stale"  # a trial that was RUNNING when its process died; its configuration was re-queued
-#: Study attribute: the settings the engine imposed on every trial and why (repack off after a crashing smoke run);
-#: trial attribute: those settings.
-DECISIONS_ATTR = "imposed_settings"
-DRIFT_FLAGGED_ATTR = "drift_flagged"  # study attr: trials measured while the drift anchor had moved (re-queued)
 
 
 def storage_for(url: str | None) -> optuna.storages.BaseStorage:
@@ -65,47 +53,6 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=store)
 
 
-def outcome_of(trial: FrozenTrial) -> str:
-    if trial.state == TrialState.RUNNING:
-        return "running"
-    if trial.state == TrialState.WAITING:
-        return "waiting"
-    return str(trial.user_attrs.get("outcome", "fail" if trial.state == TrialState.FAIL else "unknown"))
-
-
-def is_finished(trial: FrozenTrial) -> bool:
-    """Counts against the trial budget: ended, not a stale trial whose configuration was re-queued, and not one
-    recorded without a measurement (predicted over the memory budget, over max_kld, refused by the engine)."""
-    return (trial.state.is_finished() and not trial.user_attrs.get(STALE_ATTR)
-            and not trial.user_attrs.get(UNMEASURED_ATTR))
-
-
-def is_remeasurement(trial: FrozenTrial | optuna.Trial) -> bool:
-    """A configuration queued again because the drift anchor flagged its measurement: it is measured before the
-    campaign ends and does not count against the trial budget."""
-    return REMEASURE_ATTR in trial.user_attrs
-
-
-def waiting_remeasurements(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    return [t for t in trials if t.state == TrialState.WAITING and is_remeasurement(t)]
-
-
-def is_feasible_ok(trial: FrozenTrial) -> bool:
-    return (
-        trial.state == TrialState.COMPLETE
-        and trial.user_attrs.get("outcome") == Outcome.OK.value
-        and all(v <= 0 for v in trial.constraints.values())
-    )
-
-
-def config_of(trial: FrozenTrial) -> TrialConfig:
-    return TrialConfig.from_params(trial.user_attrs["config"])
-
-
-def samples_of(trial: FrozenTrial, kind: str) -> list[float]:
-    return [float(v) for v in trial.user_attrs.get(f"{kind}_samples", [])]
-
-
 def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float | None:
     """The objective: weighted geometric mean of the medians, so tg and pp mix regardless of their scales."""
     import statistics
@@ -123,12 +70,6 @@ def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float |
             return None
         total += w * math.log(med)
     return math.exp(total)
-
-
-def kld_of(trial: FrozenTrial | optuna.Trial) -> list[float]:
-    """The trial's model-file KLD as a one-value sample list (empty when its file has no quality measured)."""
-    kld = trial.user_attrs.get("kld")
-    return [float(kld)] if kld is not None else []
 
 
 def elapsed_s(study: optuna.Study, since: datetime | None = None) -> float:
@@ -161,16 +102,16 @@ def write_run_files(folder: Path, m: Measurement) -> Path:
     return folder
 
 
-def measurement_attrs(m: Measurement) -> dict[str, Any]:
-    """The user attributes a trial carries (the store's schema)."""
+def measurement_fields(m: Measurement) -> dict[str, Any]:
+    """The TrialRecord fields a measurement fills."""
     return {
         "outcome": m.outcome.value,
         "reason": m.reason[:2000],
-        "engine_cmd": list(m.engine_cmd),
-        "tg_samples": list(m.tg_samples),
-        "pp_samples": list(m.pp_samples),
+        "engine_cmd": tuple(m.engine_cmd),
+        "tg_samples": m.tg_samples,
+        "pp_samples": m.pp_samples,
         "vram_peak_mib": m.vram_peak_mib,
-        "vram_per_gpu_mib": list(m.vram_per_gpu_mib),
+        "vram_per_gpu_mib": tuple(m.vram_per_gpu_mib),
         "rss_peak_mib": m.rss_peak_mib,
         "wall_s": m.wall_s,
         "engine_s": m.engine_s,
@@ -179,9 +120,67 @@ def measurement_attrs(m: Measurement) -> dict[str, Any]:
     }
 
 
+def write_trial(trial: optuna.Trial, **fields: Any) -> None:
+    """Store TrialRecord fields on a trial this process is running."""
+    for key, value in attrs_of(**fields).items():
+        trial.set_user_attr(key, value)
+
+
+class Store:
+    """A study's records: the trials as TrialRecords, the study's own attributes as a StudyRecord, and every write
+    of them (with write_trial for a trial this process runs)."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+
+    def records(self, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
+        return [TrialRecord.from_trial(t) for t in self.study.get_trials(deepcopy=False, states=states)]
+
+    def record(self, number: int) -> TrialRecord:
+        return TrialRecord.from_trial(self.study.get_trials(deepcopy=False)[number])
+
+    def stored(self, trial: optuna.Trial) -> TrialRecord:
+        """The trial as the storage holds it now (another worker may have failed it), not as this process cached it."""
+        return TrialRecord.from_trial(adapter.stored_trial(self.study, trial))
+
+    def enqueue(self, params: dict[str, Any], *, skip_if_exists: bool = False, **fields: Any) -> None:
+        """Queue a configuration to be asked for next, with the TrialRecord fields that say why."""
+        self.study.enqueue_trial(params, user_attrs=attrs_of(**fields), skip_if_exists=skip_if_exists)
+
+    def add_trials(self, records: Sequence[TrialRecord]) -> None:
+        """Finished trials made elsewhere (an import), stored as measured ones are."""
+        self.study.add_trials([create_trial(
+            state=r.state, values=list(r.values) if r.values is not None else None, params=dict(r.params),
+            distributions=dict(r.distributions), user_attrs=r.to_attrs(), constraints=dict(r.constraints) or None)
+            for r in records])
+
+    def stale_running(self) -> list[TrialRecord] | None:
+        """Running trials whose heartbeat stopped (a shared storage); None: no heartbeats, one worker per study."""
+        if adapter.heartbeat_interval(self.study) is None:
+            return None
+        ids = adapter.stale_trial_ids(self.study)
+        return [TrialRecord.from_trial(t) for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if adapter.trial_id(t) in ids]
+
+    def fail(self, record: TrialRecord, **fields: Any) -> bool:
+        """Store fields on a running trial this process does not own and fail it; False when it finished meanwhile."""
+        return adapter.fail_with(self.study, self.study.get_trials(deepcopy=False)[record.number], attrs_of(**fields))
+
+    def study_record(self) -> StudyRecord:
+        return StudyRecord.from_attrs(self.study.user_attrs)
+
+    def write_study(self, **fields: Any) -> None:
+        """Store StudyRecord fields on the study."""
+        for key, value in study_attrs_of(**fields).items():
+            self.study.set_user_attr(key, value)
+
+
 @dataclass(frozen=True)
 class Best:
-    trial: FrozenTrial
+    """A configuration in the form the exporters render: its trial, configuration, objective value and, when it is
+    the confirmed recommendation, the confirmation."""
+
+    trial: TrialRecord
     config: TrialConfig
     value: float
-    confirmation: dict[str, Any] | None = None  # the study's `confirmed` record when this is its recommendation
+    confirmation: Confirmation | None = None

@@ -20,33 +20,41 @@ import time
 from typing import Any, Callable
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.measure.stats import bootstrap_ci, compare, holm
 from autoinfer.paths import results_dir
 from autoinfer.store import trials as store
+from autoinfer.store.records import (
+    Alternative,
+    Confirmation,
+    ConfirmRun,
+    Finalist,
+    FinalistComparison,
+    TrialRecord,
+    Verdict,
+)
+from autoinfer.store.trials import Store
 from autoinfer.sweep.drift import flagged_trials
 
-CONFIRMED_ATTR = "confirmed"
 
-
-def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[FrozenTrial]:
+def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[TrialRecord]:
     """The best `top_k` feasible successful trials with distinct configurations, drift-flagged ones left out."""
     flagged = flagged_trials(study)
     scored = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.number in flagged or not store.is_feasible_ok(t):
+    for t in Store(study).records(states=(TrialState.COMPLETE,)):
+        if t.number in flagged or not t.is_feasible_ok:
             continue
-        value = store.score({"tg": store.samples_of(t, "tg"), "pp": store.samples_of(t, "pp")}, weights)
+        value = store.score({"tg": t.samples("tg"), "pp": t.samples("pp")}, weights)
         if value is not None:
             scored.append((value, t))
     scored.sort(key=lambda vt: -vt[0])
-    out: list[FrozenTrial] = []
+    out: list[TrialRecord] = []
     seen: set[str] = set()
     for _, t in scored:
-        key = repr(sorted(t.user_attrs["config"].items()))
+        key = repr(sorted(t.config.items()))
         if key not in seen:
             seen.add(key)
             out.append(t)
@@ -55,31 +63,30 @@ def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> lis
     return out
 
 
-def _memory(runs: list[dict[str, Any]]) -> tuple[float, str]:
+def _memory(runs: list[ConfirmRun]) -> tuple[float, str]:
     """The memory a configuration needs: median device peak, or host RSS where no device memory was measured."""
-    vram = [r["vram_peak_mib"] for r in runs if r["vram_peak_mib"] is not None]
+    vram = [r.vram_peak_mib for r in runs if r.vram_peak_mib is not None]
     if vram:
         return statistics.median(vram), "vram"
-    rss = [r["rss_peak_mib"] for r in runs if r["rss_peak_mib"] is not None]
+    rss = [r.rss_peak_mib for r in runs if r.rss_peak_mib is not None]
     return (statistics.median(rss), "rss") if rss else (float("inf"), "none")
 
 
 def lighter_alternative(medians: dict[int, float], memory: dict[int, float], chosen: int,
-                       memory_tolerance: float) -> dict[str, Any] | None:
+                       memory_tolerance: float) -> Alternative | None:
     """The fastest finalist that needs less memory than `chosen` beyond the tolerance and saves a larger fraction of
-    memory than it loses of speed, as recommend.Alternative's fields (None when there is none)."""
+    memory than it loses of speed (None when there is none)."""
     limit = memory[chosen] * (1 - memory_tolerance)
     lighter = [n for n in medians if n != chosen and memory[n] < limit
                and 1 - memory[n] / memory[chosen] > 1 - medians[n] / medians[chosen]]
     if not lighter or not math.isfinite(memory[chosen]):
         return None
     n = max(lighter, key=lambda k: medians[k])
-    return {"trial": n, "speed": medians[n], "memory_mib": memory[n], "slower": 1 - medians[n] / medians[chosen],
-            "saves_mib": memory[chosen] - memory[n]}
+    return Alternative(n, medians[n], memory[n], 1 - medians[n] / medians[chosen], memory[chosen] - memory[n])
 
 
 def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
-           memory_tolerance: float = 0.0, speed_tolerance: float = 0.0) -> dict[str, Any]:
+           memory_tolerance: float = 0.0, speed_tolerance: float = 0.0) -> Verdict:
     """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores).
 
     Finalists with fewer than 2 successful runs cannot be judged and are left out. The recommendation is the leader,
@@ -88,8 +95,7 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     """
     judged = {n: s for n, s in scores.items() if len(s) >= 2}
     if not judged:
-        return {"leader": None, "recommended": None, "tie": False, "tied_with": [], "comparisons": [],
-                "alternative": None, "why": None}
+        return Verdict()
     medians = {n: statistics.median(s) for n, s in judged.items()}
     leader = max(judged, key=lambda n: medians[n])
     others = [n for n in judged if n != leader]
@@ -109,15 +115,10 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     else:
         why = f"fastest median of the finalists, different from every other at alpha={alpha}"
     judged_memory = {n: memory[n] for n in judged}
-    return {
-        "leader": leader,
-        "recommended": recommended,
-        "tie": bool(tied),
-        "tied_with": tied,
-        "comparisons": [{"trial": n, **r.to_dict(), "differ_holm": d} for n, r, d in zip(others, results, differ)],
-        "alternative": lighter_alternative(medians, judged_memory, recommended, memory_tolerance),
-        "why": "confirmed: " + why,
-    }
+    return Verdict(leader, recommended, bool(tied), tuple(tied),
+                   tuple(FinalistComparison(n, r.p_value, r.differ, r.test, r.ratio, tuple(r.ratio_ci), d)
+                         for n, r, d in zip(others, results, differ)),
+                   lighter_alternative(medians, judged_memory, recommended, memory_tolerance), "confirmed: " + why)
 
 
 def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float]) -> str:
@@ -137,8 +138,8 @@ def precise_enough(scores: dict[int, list[float]], precision: float, test: str) 
 
 
 def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig, Any], Measurement],
-            note: Callable[[str], None]) -> dict[str, Any] | None:
-    """Re-measure the finalists interleaved, decide, and store the result as the study attribute `confirmed`."""
+            note: Callable[[str], None]) -> Confirmation | None:
+    """Re-measure the finalists interleaved, decide, and store the result on the study (StudyRecord.confirmed)."""
     spec = campaign.confirm
     weights = campaign.objective_weights()
     chosen = finalists(study, weights, spec.top_k)
@@ -148,68 +149,59 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
     note(f"confirming the top {len(chosen)} configurations: {spec.rounds} interleaved rounds in fresh processes "
          f"(up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"
-    runs: list[dict[str, Any]] = []
+    runs: list[ConfirmRun] = []
     r = 0
     while r < spec.max_rounds:
         order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
         for t in order:
-            m = run(store.config_of(t), folder / f"round{r}-trial{t.number}")
-            runs.append({
-                "round": r, "trial": t.number, "outcome": m.outcome.value, "reason": m.reason[:500],
-                "score": store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None,
-                "tg_samples": list(m.tg_samples), "pp_samples": list(m.pp_samples),
-                "vram_peak_mib": m.vram_peak_mib, "rss_peak_mib": m.rss_peak_mib,
-                "idle_busy": bool((m.env.get("idle") or {}).get("busy")),
-            })
+            m = run(t.trial_config, folder / f"round{r}-trial{t.number}")
+            runs.append(ConfirmRun(
+                r, t.number, m.outcome.value, m.reason[:500],
+                store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None,
+                m.tg_samples, m.pp_samples, m.vram_peak_mib, m.rss_peak_mib,
+                bool((m.env.get("idle") or {}).get("busy"))))
         r += 1
         if r >= spec.rounds:
-            scores = {t.number: [x["score"] for x in runs if x["trial"] == t.number and x["score"] is not None]
+            scores = {t.number: [x.score for x in runs if x.trial == t.number and x.score is not None]
                       for t in chosen}
             if precise_enough(scores, spec.precision, spec.test):
                 break
             if r < spec.max_rounds:
                 note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
                      "one more round")
-    per_trial: dict[int, dict[str, Any]] = {}
+    per_trial: dict[int, Finalist] = {}
     for t in chosen:
-        mine = [x for x in runs if x["trial"] == t.number]
-        scores = [x["score"] for x in mine if x["score"] is not None]
+        mine = [x for x in runs if x.trial == t.number]
+        scores = [x.score for x in mine if x.score is not None]
         mem, mem_kind = _memory(mine)
-        per_trial[t.number] = {
-            "trial": t.number, "params": dict(t.params), "scores": scores,
-            "median": statistics.median(scores) if scores else None,
-            "ci": list(bootstrap_ci(scores)) if len(scores) >= 2 else None,
-            "memory_mib": mem if mem != float("inf") else None, "memory_kind": mem_kind,
-            "failed_runs": len(mine) - len(scores),
-        }
-    verdict = decide({n: p["scores"] for n, p in per_trial.items()},
-                     {n: p["memory_mib"] if p["memory_mib"] is not None else float("inf")
-                      for n, p in per_trial.items()},
+        per_trial[t.number] = Finalist(
+            t.number, dict(t.params), tuple(scores), statistics.median(scores) if scores else None,
+            bootstrap_ci(scores) if len(scores) >= 2 else None, mem if mem != float("inf") else None, mem_kind,
+            len(mine) - len(scores))
+    verdict = decide({n: list(p.scores) for n, p in per_trial.items()},
+                     {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_trial.items()},
                      alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
                      speed_tolerance=spec.speed_tolerance)
-    record = {
-        "time": time.time(), "alpha": spec.alpha, "test": spec.test, "rounds": r,
-        "memory_tolerance": spec.memory_tolerance, "speed_tolerance": spec.speed_tolerance,
-        "precision": spec.precision,
-        "objective": weights, "after_trials": sum(1 for t in study.get_trials(deepcopy=False) if store.is_finished(t)),
-        "finalists": [per_trial[t.number] for t in chosen], "runs": runs, **verdict,
-    }
-    study.set_user_attr(CONFIRMED_ATTR, record)
+    study_store = Store(study)
+    record = Confirmation(
+        time.time(), spec.alpha, spec.test, r, spec.memory_tolerance, spec.speed_tolerance, spec.precision, weights,
+        sum(1 for t in study_store.records() if t.is_finished), tuple(per_trial[t.number] for t in chosen),
+        tuple(runs), verdict)
+    study_store.write_study(confirmed=record)
     note(summary(record))
     return record
 
 
-def summary(record: dict[str, Any]) -> str:
-    """The confirmed winner, and the leader against each other finalist as hyperfine says it (the record's `why`
+def summary(record: Confirmation) -> str:
+    """The confirmed winner, and the leader against each other finalist as hyperfine says it (the verdict's `why`
     says why the winner was chosen)."""
-    if record.get("recommended") is None:
+    verdict = record.verdict
+    if verdict.recommended is None:
         return "confirmation: no finalist ran successfully twice; no confirmed winner"
-    by_trial = {f["trial"]: f for f in record["finalists"]}
-    rec = by_trial[record["recommended"]]
-    ci = f", 95% CI {rec['ci'][0]:.2f}–{rec['ci'][1]:.2f}" if rec.get("ci") else ""
-    lines = [f"confirmed over {record['rounds']} interleaved rounds: trial {rec['trial']}, median {rec['median']:.2f}"
-             f"{ci}"]
-    for c in record["comparisons"]:
-        lines.append("  " + ratio_line(record["leader"], c["trial"], c["ratio"], c["ratio_ci"])
-                     + ("" if c["differ_holm"] else f" (not different at alpha={record['alpha']})"))
+    rec = record.finalist(verdict.recommended)
+    ci = f", 95% CI {rec.ci[0]:.2f}–{rec.ci[1]:.2f}" if rec.ci else ""
+    lines = [f"confirmed over {record.rounds} interleaved rounds: trial {rec.trial}, median {rec.median:.2f}{ci}"]
+    for c in verdict.comparisons:
+        lines.append("  " + ratio_line(verdict.leader, c.trial, c.ratio, c.ratio_ci)
+                     + ("" if c.differ_holm else f" (not different at alpha={record.alpha})"))
     return "\n".join(lines)

@@ -13,7 +13,6 @@ import os
 import shlex
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable
 
 import optuna
@@ -26,36 +25,13 @@ from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.measure.process import IsolatedProcess
 from autoinfer.store import trials as store
+from autoinfer.store.records import DeploymentCheck
+from autoinfer.store.trials import Store
 
-CHECK_ATTR = "deployment_check"  # study attr: the last check's result (a dict of DeploymentCheck's fields)
 PROMPT = "The quick brown fox"
 N_PREDICT = 8
 _POLL_S = 0.1
 _EXIT_WAIT_S = 3.0  # a server that dropped the connection is usually still dying (an abort writes a core first)
-
-
-@dataclass(frozen=True)
-class DeploymentCheck:
-    """One start of the recommended command: passed / failed (with why) / skipped (with why)."""
-
-    status: str  # "passed" | "failed" | "skipped"
-    reason: str
-    trial: int | None
-    command: str  # as printed, POSIX-quoted
-    answer: str  # the start of the completion's text
-    tokens: int  # tokens the server generated
-    wall_s: float
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    def line(self) -> str:
-        """One line for status, the sweep's summary and the report."""
-        if self.status == "passed":
-            return (f"passed: llama-server answered /completion with {self.tokens} tokens ({self.answer!r}) "
-                    f"in {self.wall_s:.1f} s (trial {self.trial})")
-        return f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
 
 
 def run_check(command: list[str], timeout_s: float, trial: int | None = None) -> DeploymentCheck:
@@ -125,10 +101,9 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
 
 def record(study: optuna.Study, check: DeploymentCheck) -> None:
     """The only write of the check to the store."""
-    study.set_user_attr(CHECK_ATTR, asdict(check))
+    Store(study).write_study(deployment_check=check)
 
 
 def stored(study: optuna.Study) -> DeploymentCheck | None:
     """The only read of the check from the store."""
-    data = study.user_attrs.get(CHECK_ATTR)
-    return DeploymentCheck(**data) if data else None
+    return Store(study).study_record().deployment_check

@@ -10,7 +10,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
+
+from autoinfer.store.records import TrialRecord
+from autoinfer.store.trials import Store
 
 #: Exit status of `autoinfer sweep` when no trial succeeded (README: exit statuses).
 SWEEP_FAILED = 3
@@ -53,10 +56,10 @@ class Diagnosis:
                 f"({self.example}); fix: {self.fix}")
 
 
-def _cause(trial: FrozenTrial) -> tuple[str, str]:
+def _cause(trial: TrialRecord) -> tuple[str, str]:
     """(cause shown, key of its fix): a crash is named by its signal, everything else by its outcome."""
-    outcome = str(trial.user_attrs.get("outcome", "crash"))
-    signal = (trial.user_attrs.get("metrics") or {}).get("signal")
+    outcome = str(trial.outcome or "crash")
+    signal = trial.metrics.get("signal")
     if signal:
         return f"{outcome} ({signal})", signal
     return outcome, outcome
@@ -64,16 +67,14 @@ def _cause(trial: FrozenTrial) -> tuple[str, str]:
 
 def diagnose(study: optuna.Study) -> Diagnosis | None:
     """None while some trial succeeded or none finished; otherwise the most common failure and its fix."""
-    finished = [t for t in study.get_trials(deepcopy=False)
-                if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-                and t.user_attrs.get("outcome", "repeat") != "repeat"]  # a repeat was answered from another trial
-    if not finished or any(t.user_attrs.get("outcome") == "ok" and t.state is TrialState.COMPLETE
-                           for t in finished):
+    finished = [t for t in Store(study).records(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+                if (t.outcome or "repeat") != "repeat"]  # a repeat was answered from another trial
+    if not finished or any(t.outcome == "ok" and t.state is TrialState.COMPLETE for t in finished):
         return None
     causes = Counter(_cause(t) for t in finished)
     (cause, key), count = causes.most_common(1)[0]
     example = next(t for t in finished if _cause(t) == (cause, key))
-    reason = str(example.user_attrs.get("reason", "")).strip() or "no reason recorded"
+    reason = str(example.reason).strip() or "no reason recorded"
     fix = _FIXES.get(key, _FIXES["crash"]).replace("<study>", study.study_name)
     return Diagnosis(len(finished), cause, count, f"trial {example.number}: {_clip(reason)}", fix)
 

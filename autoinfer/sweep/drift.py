@@ -9,8 +9,8 @@ slower core or clock can measure 40% off on a small VM); an anchor drifts when i
 `drift.threshold` outside that span, and a second run right after it does too (one run outside is one process's
 outlier, which such a machine gives now and then). The trials since the last good anchor are then flagged (left
 out of the best and the confirmation) and queued again, and the campaign backs off and re-measures the anchor
-until it recovers or `drift.max_backoffs` is spent. Everything is kept in the study user attribute `drift`; the
-flagged trial numbers in `drift_flagged` (store.DRIFT_FLAGGED_ATTR).
+until it recovers or `drift.max_backoffs` is spent. Everything is kept on the study (StudyRecord.drift, a
+DriftState); the flagged trial numbers in StudyRecord.drift_flagged.
 
 `inject_load` plants that kind of slowdown on purpose (busy-loop processes for a few trials), so the guard can be
 checked on one's own machine.
@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import optuna
@@ -31,8 +32,8 @@ from autoinfer.campaign.spec import Campaign, InjectLoad, stored_campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.paths import results_dir
 from autoinfer.store import trials as store
-
-DRIFT_ATTR = "drift"
+from autoinfer.store.records import AnchorRun, DriftEvent, DriftState, TrialRecord
+from autoinfer.store.trials import Store
 
 # A busy loop that ends by itself when the process that started it is gone (even if it died by SIGKILL).
 _BUSY_LOOP = (
@@ -86,7 +87,7 @@ class LoadInjector:
 
 def flagged_trials(study: optuna.Study) -> set[int]:
     """Trial numbers measured while the anchor showed drift: excluded from the best and the confirmation."""
-    return {int(n) for n in study.user_attrs.get(store.DRIFT_FLAGGED_ATTR, [])}
+    return set(Store(study).study_record().drift_flagged)
 
 
 def _score(m: Measurement, weights: dict[str, float]) -> float | None:
@@ -99,61 +100,58 @@ class DriftAnchor:
     def __init__(self, study: optuna.Study, campaign: Campaign,
                  run: Callable[[TrialConfig, Any], Measurement], note: Callable[[str], None]) -> None:
         self.study = study
+        self.study_store = Store(study)
         self.spec = campaign.drift
         self.weights = campaign.objective_weights()
         self.run = run
         self.note = note
-        self.state: dict[str, Any] = dict(study.user_attrs.get(DRIFT_ATTR) or {"config": None, "anchors": []})
+        self.state: DriftState = self.study_store.study_record().drift or DriftState()
 
     @property
     def enabled(self) -> bool:
         return self.spec.every is not None
 
-    def _save(self) -> None:
-        self.study.set_user_attr(DRIFT_ATTR, self.state)
+    def _save(self, state: DriftState) -> None:
+        self.state = state
+        self.study_store.write_study(drift=state)
 
-    def _finished(self) -> list[optuna.trial.FrozenTrial]:
-        return [t for t in self.study.get_trials(deepcopy=False) if store.is_finished(t)]
+    def _finished(self) -> list[TrialRecord]:
+        return [t for t in self.study_store.records() if t.is_finished]
 
     def _reference(self) -> list[float]:
         """The scores of the successful start runs: the band a later anchor is judged against."""
-        return [a["score"] for a in self.state["anchors"]
-                if (a["label"] == "start" or a.get("rebased")) and a["score"] is not None and not a.get("discarded")]
+        return [a.score for a in self.state.anchors
+                if (a.label == "start" or a.rebased) and a.score is not None and not a.discarded]
 
-    def _last_good(self) -> dict[str, Any] | None:
-        good = [a for a in self.state["anchors"] if not a["drifted"] or a.get("rebased")]
+    def _last_good(self) -> AnchorRun | None:
+        good = [a for a in self.state.anchors if not a.drifted or a.rebased]
         return good[-1] if good else None
 
     def _config(self) -> TrialConfig | None:
-        if self.state["config"] is None:
-            first = next((t for t in self._finished() if store.is_feasible_ok(t)), None)
+        if self.state.config is None:
+            first = next((t for t in self._finished() if t.is_feasible_ok), None)
             if first is None:
                 return None
-            self.state["config"] = {**first.user_attrs["config"], **self.spec.baseline}
-            self.state["from_trial"] = first.number
-        return TrialConfig.from_params(self.state["config"])
+            self.state = replace(self.state, config={**first.config, **self.spec.baseline}, from_trial=first.number)
+        return TrialConfig.from_params(dict(self.state.config))
 
-    def measure(self, after_trial: int, label: str) -> dict[str, Any]:
+    def measure(self, after_trial: int, label: str) -> AnchorRun:
         """One anchor run, judged against the reference runs and recorded."""
         config = self._config()
         assert config is not None  # callers measure only once a configuration is known
-        m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(len(self.state["anchors"])))
+        m = self.run(config, results_dir() / self.study.study_name / "anchors" / str(len(self.state.anchors)))
         return self._record(after_trial, label, m)
 
-    def _record(self, after_trial: int, label: str, m: Measurement, trial: int | None = None) -> dict[str, Any]:
+    def _record(self, after_trial: int, label: str, m: Measurement, trial: int | None = None) -> AnchorRun:
         value = _score(m, self.weights)
         ref = self._reference() if label != "start" else []
         ratio = value / statistics.median(ref) if value is not None and ref else None
         t = self.spec.threshold
         drifted = value is None or bool(ref) and not min(ref) * (1 - t) <= value <= max(ref) * (1 + t)
-        entry = {
-            "index": len(self.state["anchors"]), "label": label, "after_trial": after_trial, "time": time.time(),
-            "outcome": m.outcome.value, "reason": m.reason[:500], "score": value, "ratio": ratio,
-            "drifted": drifted, "tg_samples": list(m.tg_samples), "pp_samples": list(m.pp_samples),
-            "idle_busy": bool((m.env.get("idle") or {}).get("busy")), "trial": trial,
-        }
-        self.state["anchors"].append(entry)
-        self._save()
+        entry = AnchorRun(len(self.state.anchors), label, after_trial, value, ratio, drifted, time.time(),
+                          m.outcome.value, m.reason[:500], m.tg_samples, m.pp_samples,
+                          bool((m.env.get("idle") or {}).get("busy")), trial)
+        self._save(replace(self.state, anchors=(*self.state.anchors, entry)))
         shown = f"{value:.2f}" if value is not None else m.outcome.value
         source = f"trial {trial}'s own run" if trial is not None else f"after trial {after_trial}"
         self.note(f"drift anchor ({label}, {source}): {shown}"
@@ -164,21 +162,20 @@ class DriftAnchor:
         """The first successful trial's own measurement, when the anchor is exactly its configuration: one more
         process in the reference, so a machine whose processes land in a fast or a slow mode is less likely to have
         every reference run in one mode."""
-        number = self.state.get("from_trial")
+        number = self.state.from_trial
         if number is None:
             return None
-        trial = self.study.get_trials(deepcopy=False)[number]
-        if trial.user_attrs["config"] != self.state["config"]:
+        trial = self.study_store.record(number)
+        if trial.config != self.state.config:
             return None
-        return Measurement(Outcome.OK, tg_samples=tuple(store.samples_of(trial, "tg")),
-                           pp_samples=tuple(store.samples_of(trial, "pp")), env=trial.user_attrs.get("env") or {})
+        return Measurement(Outcome.OK, tg_samples=trial.tg_samples, pp_samples=trial.pp_samples, env=dict(trial.env))
 
     def measure_reference(self, after_trial: int) -> None:
         """The start runs; their spread is the machine's run-to-run noise, which no later anchor is blamed for. The
         first trial's own run counts as one of them when the anchor is that configuration."""
         first = self._first_trial_run()
         if first is not None:
-            self._record(after_trial, "start", first, trial=self.state["from_trial"])
+            self._record(after_trial, "start", first, trial=self.state.from_trial)
         for _ in range(self.spec.reference_runs - (first is not None)):
             self.measure(after_trial, "start")
         ref = self._reference()
@@ -190,22 +187,21 @@ class DriftAnchor:
     def _flag_since_last_good(self, upto: int) -> list[int]:
         """Flag and re-queue the trials measured since the last good anchor."""
         good = self._last_good()
-        return self._flag(good["after_trial"] if good is not None else -1, upto)
+        return self._flag(good.after_trial if good is not None else -1, upto)
 
-    def _rebase(self, number: int, runs: list[dict[str, Any]]) -> list[int]:
+    def _rebase(self, number: int, runs: list[AnchorRun]) -> list[int]:
         """Two anchor runs in a row faster than the reference band: the reference was measured while the machine was
         slower (busy at the start), not the trials since. Those two runs become the reference, and the trials measured
         up to the old reference are flagged and queued again."""
-        old = [a for a in self.state["anchors"] if (a["label"] == "start" or a.get("rebased"))
-               and not a.get("discarded")]
-        for a in old:
-            a["discarded"] = True
-        self.note(f"drift: the anchor ran {runs[0]['ratio']:.2f}× and {runs[1]['ratio']:.2f}× its reference, faster: "
+        old = [a for a in self.state.anchors if (a.label == "start" or a.rebased) and not a.discarded]
+        self.note(f"drift: the anchor ran {runs[0].ratio:.2f}× and {runs[1].ratio:.2f}× its reference, faster: "
                   f"the reference was measured while the machine was slower; it is replaced by these two runs")
-        for a in runs:
-            a["rebased"] = True  # the new reference; its label, ratio and drift stay as measured
-        self._save()
-        upto = max(a["after_trial"] for a in old)
+        discarded, rebased = {a.index for a in old}, {a.index for a in runs}
+        # the new reference keeps its label, ratio and drift as measured
+        self._save(replace(self.state, anchors=tuple(
+            replace(a, discarded=True) if a.index in discarded else replace(a, rebased=True) if a.index in rebased
+            else a for a in self.state.anchors)))
+        upto = max(a.after_trial for a in old)
         return self._flag(-1, upto)
 
     def _flag(self, since: int, upto: int) -> list[int]:
@@ -216,14 +212,13 @@ class DriftAnchor:
         if not victims:
             return []
         numbers = [t.number for t in victims]
-        requeued = [t.number for t in victims if not store.is_remeasurement(t)]
-        self.study.set_user_attr(store.DRIFT_FLAGGED_ATTR, sorted(already | set(numbers)))
+        requeued = [t.number for t in victims if not t.is_remeasurement]
+        self.study_store.write_study(drift_flagged=frozenset(already | set(numbers)))
         for t in victims:
             if t.number in requeued:
-                self.study.enqueue_trial(t.params, user_attrs={store.REMEASURE_ATTR: t.number}, skip_if_exists=False)
-        self.state.setdefault("events", []).append(
-            {"time": time.time(), "after_trial": upto, "flagged": numbers, "requeued": requeued})
-        self._save()
+                self.study_store.enqueue(dict(t.params), remeasure_of=t.number)
+        self._save(replace(self.state, events=(
+            *self.state.events, DriftEvent(time.time(), upto, tuple(numbers), tuple(requeued)))))
         again = sorted(set(numbers) - set(requeued))
         self.note(f"drift: trials {', '.join(map(str, numbers))} flagged"
                   + (f"; {', '.join(map(str, requeued))} queued again" if requeued else "")
@@ -235,8 +230,8 @@ class DriftAnchor:
         """Measure the anchor when it is due (first successful trial, then every `every` finished trials)."""
         if not self.enabled:
             return
-        anchors = self.state["anchors"]
-        since = sum(1 for t in self._finished() if anchors and t.number > anchors[-1]["after_trial"])
+        anchors = self.state.anchors
+        since = sum(1 for t in self._finished() if anchors and t.number > anchors[-1].after_trial)
         due = not anchors or since >= self.spec.every
         if not due:
             return
@@ -251,20 +246,20 @@ class DriftAnchor:
         or one process landed in another mode of it (the second back inside), which is noise, not drift. Returns
         the trials queued again."""
         entry = self.measure(number, label)
-        if not entry["drifted"]:
+        if not entry.drifted:
             return []
         second = self.measure(number, "recheck")
-        if not second["drifted"]:
+        if not second.drifted:
             self.note("drift: a second anchor run is back inside the band; the first was one process's outlier")
             return []
-        if all(a["ratio"] is not None and a["ratio"] > 1 for a in (entry, second)):
+        if all(a.ratio is not None and a.ratio > 1 for a in (entry, second)):
             return self._rebase(number, [entry, second])
         queued = self._flag_since_last_good(number)
         for attempt in range(self.spec.max_backoffs if backoff else 0):
             self.note(f"drift: waiting {self.spec.backoff_s:.0f} s before measuring the anchor again "
                       f"({attempt + 1}/{self.spec.max_backoffs})")
             time.sleep(self.spec.backoff_s)
-            if not self.measure(number, "backoff")["drifted"]:
+            if not self.measure(number, "backoff").drifted:
                 return queued
         if backoff:
             self.note("drift: the anchor did not recover; the campaign goes on and the next anchor decides again")
@@ -275,7 +270,7 @@ class DriftAnchor:
         them before its confirmation)."""
         if not self.enabled or not self._reference():
             return []
-        last = self.state["anchors"][-1]["after_trial"]
+        last = self.state.anchors[-1].after_trial
         after = [t.number for t in self._finished() if t.number > last]
         return self.check(max(after), "end", backoff=False) if after else []
 
@@ -283,16 +278,17 @@ class DriftAnchor:
 def busy_verdict(study: optuna.Study) -> str | None:
     """A plain sentence when the machine's own noise dominated the study: most measured trials flagged, or most
     anchor runs after the reference outside its band. None otherwise."""
-    state = study.user_attrs.get(DRIFT_ATTR) or {}
-    later = [a for a in state.get("anchors") or [] if a["label"] != "start" and a["label"] != "recheck"]
-    measured = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t)]
+    study_store = Store(study)
+    state = study_store.study_record().drift or DriftState()
+    later = [a for a in state.anchors if a.label != "start" and a.label != "recheck"]
+    measured = [t for t in study_store.records() if t.is_finished]
     flagged = flagged_trials(study) & {t.number for t in measured}
-    drifted = sum(1 for a in later if a["drifted"])
+    drifted = sum(1 for a in later if a.drifted)
     if not (measured and len(flagged) * 2 > len(measured)) and not (len(later) >= 2 and drifted * 2 > len(later)):
         return None
     campaign = stored_campaign(study)
     policy = campaign.idle.policy if campaign else "warn"
-    ratios = [a["ratio"] for a in later if a["ratio"] is not None]
+    ratios = [a.ratio for a in later if a.ratio is not None]
     moved = f"the drift anchor ran at {min(ratios):.2f}–{max(ratios):.2f}× its reference; " if ratios else ""
     advice = ("stop the other programs and sweep again" if policy == "wait"
               else f"stop the other programs, or set idle.policy: wait (now {policy!r}) so trials wait for an idle "
@@ -304,14 +300,13 @@ def busy_verdict(study: optuna.Study) -> str | None:
 
 def status_line(study: optuna.Study) -> str | None:
     """Anchor runs, drifts and flagged trials, for `autoinfer status`; None when no anchor ran."""
-    state = study.user_attrs.get(DRIFT_ATTR) or {}
-    anchors = state.get("anchors") or []
+    anchors = (Store(study).study_record().drift or DriftState()).anchors
     if not anchors:
         return None
-    ratios = [a["ratio"] for a in anchors if a["ratio"] is not None]
-    drifts = sum(1 for a in anchors if a["drifted"])
+    ratios = [a.ratio for a in anchors if a.ratio is not None]
+    drifts = sum(1 for a in anchors if a.drifted)
     flagged = sorted(flagged_trials(study))
-    text = f"{sum(1 for a in anchors if a.get('trial') is None)} anchor runs, {drifts} drifted"
+    text = f"{sum(1 for a in anchors if a.trial is None)} anchor runs, {drifts} drifted"
     if ratios:
         text += f", ratio to the reference {min(ratios):.2f}–{max(ratios):.2f}"
     if flagged:

@@ -23,9 +23,9 @@ from autoinfer.measure import environment, idle
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.stats import summarize
 from autoinfer.paths import trial_dir
-from autoinfer.store import trials as store
-from autoinfer.store.trials import write_run_files
-from autoinfer.sweep.confirm import CONFIRMED_ATTR, confirm
+from autoinfer.store.records import Noise, waiting_remeasurements
+from autoinfer.store.trials import Store, write_run_files, write_trial
+from autoinfer.sweep.confirm import confirm
 from autoinfer.sweep.drift import DriftAnchor, LoadInjector
 
 
@@ -116,7 +116,7 @@ class TrialGuard:
         runs' samples count; the first run's files stay in the trial folder under first_run/.
         """
         self.load.before_trial(trial.number)
-        trial.set_user_attr("idle", self.idle_check())
+        write_trial(trial, idle=self.idle_check())
         start = environment.begin(self.gpus)
         m = run()
         m = replace(m, env={**m.env, **self.environment(start, config, m)})
@@ -128,12 +128,9 @@ class TrialGuard:
             start = environment.begin(self.gpus)
             second = run()
             second = replace(second, env={**second.env, **self.environment(start, config, second)})
-            trial.set_user_attr("noise", {"first_cv": spread, "max_cv": limit, "rerun": True,
-                                          "first_tg_samples": list(m.tg_samples),
-                                          "first_pp_samples": list(m.pp_samples),
-                                          "rerun_outcome": second.outcome.value})
+            write_trial(trial, noise=Noise(spread, limit, True, m.tg_samples, m.pp_samples, second.outcome.value))
             m = pooled(m, second) if second.ok else second
-        trial.set_user_attr("stats", sample_stats(m))
+        write_trial(trial, stats=sample_stats(m))
         return m
 
     def after_trial(self, number: int) -> None:
@@ -155,12 +152,15 @@ class TrialGuard:
         """
         self.load.stop()
         self.anchor.finish()
-        if waiting := store.waiting_remeasurements(self.study.get_trials(deepcopy=False)):
+        study_store = Store(self.study)
+        trials = study_store.records()
+        if waiting := waiting_remeasurements(trials):
             self.note(f"drift: {len(waiting)} re-measurement(s) still queued (the wall-time budget ended the sweep); "
                       "`autoinfer sweep` again measures them")
-        finished = sum(1 for t in self.study.get_trials(deepcopy=False) if store.is_finished(t))
-        previous = self.study.user_attrs.get(CONFIRMED_ATTR) or {}
-        if force_confirm or (self.campaign.confirm.enabled and previous.get("after_trials") != finished):
+        finished = sum(1 for t in trials if t.is_finished)
+        previous = study_store.study_record().confirmed
+        if force_confirm or (self.campaign.confirm.enabled
+                             and (previous.after_trials if previous is not None else None) != finished):
             confirm(self.study, self.campaign, self.extra_run, self.note)
 
     def __enter__(self) -> TrialGuard:

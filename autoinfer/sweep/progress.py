@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from optuna.trial import FrozenTrial
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from autoinfer.campaign.spec import Campaign
-from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord
 from autoinfer.sweep.recommend import Recommendation
 
 
@@ -19,22 +18,21 @@ def describe(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items()) or "(fixed configuration)"
 
 
-def trial_line(t: FrozenTrial) -> str:
+def trial_line(t: TrialRecord) -> str:
     """One line per finished trial: number, outcome, medians, memory, reason."""
-    outcome = store.outcome_of(t)
+    outcome = t.status
     parts = [f"trial {t.number:>3}", f"{outcome:<12}"]
-    parts += [f"{key}={t.user_attrs[key]}" for key in store.ORIGIN_ATTRS if key in t.user_attrs]
+    parts += [f"{key}={number}" for key, number in t.origin.items()]
     for kind in ("tg", "pp"):
-        samples = store.samples_of(t, kind)
+        samples = t.samples(kind)
         if samples:
             parts.append(f"{kind} {sorted(samples)[len(samples) // 2]:8.2f} tok/s")
-    vram, rss = t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib")
-    if vram:
-        parts.append(f"vram {vram:.0f} MiB")
-    if rss:
-        parts.append(f"rss {rss:.0f} MiB")
-    if outcome != "ok" and t.user_attrs.get("reason"):
-        parts.append(f"— {t.user_attrs['reason'][:120]}")
+    if t.vram_peak_mib:
+        parts.append(f"vram {t.vram_peak_mib:.0f} MiB")
+    if t.rss_peak_mib:
+        parts.append(f"rss {t.rss_peak_mib:.0f} MiB")
+    if outcome != "ok" and t.reason:
+        parts.append(f"— {t.reason[:120]}")
     return "  ".join(parts)
 
 
@@ -72,7 +70,7 @@ class SweepProgress:
     def start(self, number: int, params: dict[str, Any]) -> None:
         self.progress.update(self.task, description=f"trial {number}: {describe(params)}")
 
-    def finish(self, trial: FrozenTrial, best: Recommendation | None, *, counted: bool = True) -> None:
+    def finish(self, trial: TrialRecord, best: Recommendation | None, *, counted: bool = True) -> None:
         """Print the trial; the bar counts only trials charged to the budget (a rejected one or a drift
         re-measurement is not)."""
         if counted:

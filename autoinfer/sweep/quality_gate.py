@@ -15,6 +15,7 @@ from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.llama.quality import DEFAULT_CORPUS, Quality, QualitySettings, load_quality, measure_quality
+from autoinfer.store.trials import write_trial
 
 
 def _path(campaign: Campaign, value: str) -> Path:
@@ -53,9 +54,7 @@ def annotate(trial: optuna.Trial, config: TrialConfig, qualities: dict[str, Qual
     quality = qualities.get(str(config.model))
     if quality is None:
         return None
-    trial.set_user_attr("kld", quality.kld)
-    trial.set_user_attr("ppl", quality.ppl)
-    trial.set_user_attr("kld_reference", quality.reference)
+    write_trial(trial, kld=quality.kld, ppl=quality.ppl, kld_reference=quality.reference)
     limit = campaign.constraints.max_kld
     if limit is None:
         return None

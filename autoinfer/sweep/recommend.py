@@ -9,7 +9,7 @@ most of its finalists measured more than CONTRADICTION× away from every search 
 process lands up to ±40% off on a small VM; beyond twice that the machine was in another state, as when another
 program loaded it during the confirmation): then the search's answer stands, with the reason said.
 
-The logic takes plain inputs (Run, the confirmation record) so it does not depend on how trials are stored.
+The logic takes plain inputs (Run, the Confirmation record) so it does not depend on how trials are stored.
 """
 
 from __future__ import annotations
@@ -17,18 +17,20 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.measure.stats import bootstrap_ci
 from autoinfer.store import trials as store
-from autoinfer.sweep.confirm import CONFIRMED_ATTR, lighter_alternative
-from autoinfer.sweep.drift import DRIFT_ATTR, busy_verdict, flagged_trials
+from autoinfer.store.records import Alternative, Confirmation, DriftState, TrialRecord
+from autoinfer.store.trials import Store
+from autoinfer.sweep.confirm import lighter_alternative
+from autoinfer.sweep.drift import busy_verdict
 
 CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
 
@@ -46,25 +48,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Alternative:
-    """A configuration that needs clearly less memory than the recommendation, offered beside it."""
-
-    trial: int
-    speed: float
-    memory_mib: float
-    slower: float  # fraction: 0.02 = 2% slower than the recommendation
-    saves_mib: float
-
-    def line(self) -> str:
-        pace = f"{self.slower:.0%} slower" if self.slower > 0 else f"{-self.slower:.0%} faster"
-        return (f"lighter alternative: trial {self.trial}, {pace}, {self.saves_mib:.0f} MiB less "
-                f"({self.speed:.2f} at {self.memory_mib:.0f} MiB)")
-
-
-@dataclass(frozen=True)
 class Recommendation:
     trial: int
-    config: dict[str, Any]
+    config: Mapping[str, Any]
     speed: float  # the objective: tok/s for a single-kind objective
     ci: tuple[float, float] | None  # 95% bootstrap interval of the median over `runs` (one run: over its samples)
     runs: int  # measurements behind `speed`
@@ -88,7 +74,7 @@ class Recommendation:
                 f"of {self.runs} run(s){ci}{memory}); {self.why}")
 
 
-def config_key(config: dict[str, Any]) -> str:
+def config_key(config: Mapping[str, Any]) -> str:
     return repr(sorted(config.items()))
 
 
@@ -98,27 +84,25 @@ def _memory(vram: float | None, rss: float | None) -> tuple[float | None, str]:
     return (float(rss), "rss") if rss else (None, "none")
 
 
-def runs_of(trials: Iterable[FrozenTrial], weights: dict[str, float], flagged: set[int],
-            anchor: dict[str, Any] | None = None) -> list[Run]:
+def runs_of(trials: Iterable[TrialRecord], weights: dict[str, float], flagged: set[int],
+            anchor: DriftState | None = None) -> list[Run]:
     """The trustworthy measurements of a study: measured feasible successful trials not flagged by the drift anchor,
-    and the anchor's runs that did not drift (from its `drift` state)."""
+    and the anchor's runs that did not drift (from its state)."""
     single = [k for k in weights if k != "kld"]
     kind = single[0] if len(single) == 1 and len(weights) == 1 else None
     out = []
     for t in trials:
-        if t.number in flagged or not store.is_finished(t) or not store.is_feasible_ok(t):
+        if t.number in flagged or not t.is_finished or not t.is_feasible_ok:
             continue
-        value = store.score({"tg": store.samples_of(t, "tg"), "pp": store.samples_of(t, "pp"),
-                             "kld": store.kld_of(t)}, weights)
+        value = store.score({"tg": t.samples("tg"), "pp": t.samples("pp"), "kld": t.kld_samples}, weights)
         if value is not None:
-            mem, mem_kind = _memory(t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib"))
-            out.append(Run(config_key(t.user_attrs["config"]), value, t.number, mem, mem_kind,
-                           tuple(store.samples_of(t, kind)) if kind else ()))
-    if anchor and anchor.get("config"):
-        key = config_key(anchor["config"])
-        out += [Run(key, a["score"]) for a in anchor.get("anchors", [])
-                if a["score"] is not None and (not a["drifted"] or a.get("rebased")) and a.get("trial") is None
-                and not a.get("discarded")]
+            mem, mem_kind = _memory(t.vram_peak_mib, t.rss_peak_mib)
+            out.append(Run(config_key(t.config), value, t.number, mem, mem_kind,
+                           tuple(t.samples(kind)) if kind else ()))
+    if anchor and anchor.config:
+        key = config_key(anchor.config)
+        out += [Run(key, a.score) for a in anchor.anchors
+                if a.score is not None and (not a.drifted or a.rebased) and a.trial is None and not a.discarded]
     return out
 
 
@@ -159,36 +143,34 @@ def _ci(config: _Config) -> tuple[float, float] | None:
     return bootstrap_ci(config.samples) if len(config.samples) >= 2 else None
 
 
-def contradicted(record: dict[str, Any], configs: Sequence[_Config], keys: dict[int, str]) -> list[int]:
+def contradicted(record: Confirmation, configs: Sequence[_Config], keys: dict[int, str]) -> list[int]:
     """Finalists whose confirmed median lies more than CONTRADICTION× away from all of their search measurements."""
     by_key = {c.key: c for c in configs}
     out = []
-    for f in record.get("finalists", []):
-        own = by_key.get(keys.get(f["trial"], ""))
-        if f.get("median") is None or own is None:
+    for f in record.finalists:
+        own = by_key.get(keys.get(f.trial, ""))
+        if f.median is None or own is None:
             continue
-        if not min(own.scores) / CONTRADICTION <= f["median"] <= max(own.scores) * CONTRADICTION:
-            out.append(f["trial"])
+        if not min(own.scores) / CONTRADICTION <= f.median <= max(own.scores) * CONTRADICTION:
+            out.append(f.trial)
     return out
 
 
-def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, str], configs_of: dict[int, dict],
-           *, memory_tolerance: float = 0.02,
+def decide(runs: Sequence[Run], record: Confirmation | None, keys: dict[int, str],
+           configs_of: dict[int, Mapping[str, Any]], *, memory_tolerance: float = 0.02,
            busy: str | None = None, unit: str = "") -> Recommendation | None:
     """The recommendation from plain inputs: the trustworthy runs, the confirmation record (or None), each trial's
     configuration key and configuration."""
     configs = _configs(runs)
-    if record and record.get("recommended") is not None:
+    if record and record.verdict.recommended is not None:
         against = contradicted(record, configs, keys)
-        judged = [f for f in record["finalists"] if f.get("median") is not None]
+        judged = [f for f in record.finalists if f.median is not None]
         if len(against) * 2 <= len(judged):
-            rec = next(f for f in record["finalists"] if f["trial"] == record["recommended"])
-            alt = record.get("alternative")
+            rec = record.finalist(record.verdict.recommended)
             return Recommendation(
-                rec["trial"], configs_of[rec["trial"]], rec["median"], tuple(rec["ci"]) if rec.get("ci") else None,
-                len(rec["scores"]), rec.get("memory_mib"), rec.get("memory_kind", "none"), True,
-                record.get("why") or "confirmed by interleaved re-measurement",
-                Alternative(**alt) if alt else None, busy, unit)
+                rec.trial, configs_of[rec.trial], rec.median, rec.ci, len(rec.scores), rec.memory_mib,
+                rec.memory_kind, True, record.verdict.why or "confirmed by interleaved re-measurement",
+                record.verdict.alternative, busy, unit)
         why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured more than "
                    f"{CONTRADICTION:g}× away from all of their own search runs, so the machine was in another state "
                    "while it ran; ")
@@ -204,18 +186,20 @@ def decide(runs: Sequence[Run], record: dict[str, Any] | None, keys: dict[int, s
         top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
         top.memory_kind, False,
         why_not + f"fastest median of {len(configs)} configuration(s) over their trustworthy runs "
-        "(drift-flagged trials left out)", Alternative(**alt) if alt else None, busy, unit)
+        "(drift-flagged trials left out)", alt, busy, unit)
 
 
 def recommend(study: optuna.Study) -> Recommendation | None:
     """The study's recommended configuration (None while no feasible successful trial exists)."""
     campaign = stored_campaign(study)
     weights = campaign.objective_weights() if campaign else {"tg": 1.0}
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    runs = runs_of(trials, weights, flagged_trials(study), study.user_attrs.get(DRIFT_ATTR))
-    return decide(runs, study.user_attrs.get(CONFIRMED_ATTR),
-                  {t.number: config_key(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs},
-                  {t.number: t.user_attrs["config"] for t in trials if "config" in t.user_attrs},
+    study_store = Store(study)
+    trials = study_store.records(states=(TrialState.COMPLETE,))
+    kept = study_store.study_record()
+    runs = runs_of(trials, weights, set(kept.drift_flagged), kept.drift)
+    return decide(runs, kept.confirmed,
+                  {t.number: config_key(t.config) for t in trials if t.config is not None},
+                  {t.number: t.config for t in trials if t.config is not None},
                   memory_tolerance=campaign.confirm.memory_tolerance if campaign else 0.02,
                   busy=busy_verdict(study), unit="tok/s" if set(weights) in ({"tg"}, {"pp"}) else "")
 
@@ -224,6 +208,7 @@ def as_best(study: optuna.Study, rec: Recommendation | None) -> store.Best | Non
     """The recommendation in the form the exporters render."""
     if rec is None:
         return None
-    t = study.trials[rec.trial]
-    confirmation = study.user_attrs.get(CONFIRMED_ATTR) if rec.confirmed else None
-    return store.Best(t, store.config_of(t), rec.speed, confirmation=confirmation)
+    study_store = Store(study)
+    t = study_store.record(rec.trial)
+    confirmation = study_store.study_record().confirmed if rec.confirmed else None
+    return store.Best(t, t.trial_config, rec.speed, confirmation=confirmation)

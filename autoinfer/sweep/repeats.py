@@ -15,7 +15,7 @@ Re-measurements the project makes on purpose carry their own tag (drift: `remeas
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import optuna
@@ -25,46 +25,43 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from autoinfer.store import trials as store
-from autoinfer.store.trials import REPEAT_ATTR
+from autoinfer.store.records import TrialRecord
+from autoinfer.store.trials import write_trial
 
-DELIBERATE = (store.REMEASURE_ATTR, store.RETRY_ATTR, store.AGAIN_ATTR)  # tags of re-measurements made on purpose
+DELIBERATE = ("remeasure_of", "retry_of", "again_of")  # TrialRecord tags of re-measurements made on purpose
 NUDGE_AFTER = 3  # repeat suggestions in a row after which an unmeasured configuration is queued
 MAX_IN_A_ROW = 50  # repeats in a row despite those: the sweep stops (queued ones realised as measured ones)
-EXPLORE_ATTR = "explore_after_repeats"
 
 
-def deliberate(user_attrs: dict[str, Any]) -> bool:
-    return any(key in user_attrs for key in DELIBERATE)
+def deliberate(record: TrialRecord) -> bool:
+    return any(getattr(record, tag) is not None for tag in DELIBERATE)
 
 
-def earlier(trials: Iterable[FrozenTrial], config: dict[str, Any], flagged: set[int],
-            asking: int) -> FrozenTrial | None:
+def earlier(trials: Iterable[TrialRecord], config: Mapping[str, Any] | None, flagged: set[int],
+            asking: int) -> TrialRecord | None:
     """The latest measurement of exactly this configuration, one not flagged by the drift anchor first; else a trial
     of it that another worker is running (other than `asking`, the trial being decided)."""
     trials = list(trials)
-    same = [t for t in trials if store.is_finished(t) and t.user_attrs.get("config") == config]
+    same = [t for t in trials if t.is_finished and t.config == config]
     if same:
         return max(same, key=lambda t: (t.number not in flagged, t.number))
     return next((t for t in trials if t.state == TrialState.RUNNING and t.number != asking
-                 and t.user_attrs.get("config") == config and t.user_attrs.get(REPEAT_ATTR) is None), None)
+                 and t.config == config and t.repeat_of is None), None)
 
 
-def answer(study: optuna.Study, trial: optuna.Trial, source: FrozenTrial) -> None:
+def answer(study: optuna.Study, trial: optuna.Trial, source: TrialRecord) -> None:
     """Tell `trial` the state and values of `source` without running anything, tagged as its repeat."""
-    trial.set_user_attr(REPEAT_ATTR, source.number)
-    trial.set_user_attr(store.UNMEASURED_ATTR, True)
-    trial.set_user_attr("outcome", "repeat")
     running = source.state == TrialState.RUNNING
-    trial.set_user_attr("reason", f"configuration of trial {source.number}, which another worker is measuring: not "
-                                  "run twice" if running else f"configuration already measured in trial "
-                                  f"{source.number}: answered with its values, not run again")
+    write_trial(trial, repeat_of=source.number, unmeasured=True, outcome="repeat",
+                reason=f"configuration of trial {source.number}, which another worker is measuring: not run twice"
+                if running else f"configuration already measured in trial {source.number}: answered with its "
+                "values, not run again")
     for key, value in source.constraints.items():
         trial.set_constraint(key, value)
     if source.state == TrialState.COMPLETE:
-        study.tell(trial, source.values if len(source.values) > 1 else source.values[0])
+        study.tell(trial, list(source.values) if len(source.values) > 1 else source.values[0])
     else:
         study.tell(trial, state=TrialState.PRUNED if running else source.state)
 
@@ -78,12 +75,12 @@ def _draw(dist: BaseDistribution, rng: random.Random) -> Any:
     return rng.choice(dist.choices)
 
 
-def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[FrozenTrial], rng: random.Random,
+def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[TrialRecord], rng: random.Random,
                tries: int = 500) -> dict[str, Any] | None:
     """Parameters drawn at random that no measured or running trial has (None when `tries` draws find none: for a
     finite space that small, every configuration was measured)."""
     seen = {repr(sorted(t.params.items())) for t in trials
-            if store.is_finished(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+            if t.is_finished or t.state in (TrialState.RUNNING, TrialState.WAITING)}
     for _ in range(tries):
         params = {name: _draw(d, rng) for name, d in dists.items()}
         if repr(sorted(params.items())) not in seen:

@@ -142,19 +142,18 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
 def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
     """(measured trials until one reached the goal, records made without a measurement: predicted infeasible,
     answered repeats) for one simulated study."""
-    from autoinfer.store.trials import UNMEASURED_ATTR
+    from autoinfer.store.trials import Store
 
     measured = 0
     skipped = 0
     reached = None
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        outcome = t.user_attrs.get("outcome")
-        if t.user_attrs.get(UNMEASURED_ATTR):
+    for t in sorted(Store(study).records(), key=lambda t: t.number):
+        if t.unmeasured:
             skipped += 1
             continue
         measured += 1
-        row = (t.user_attrs.get("metrics") or {}).get("replay_row")
-        if reached is None and outcome == "ok" and row is not None and not pd.isna(target.iloc[row]) \
+        row = t.metrics.get("replay_row")
+        if reached is None and t.outcome == "ok" and row is not None and not pd.isna(target.iloc[row]) \
                 and target.iloc[row] >= goal:
             reached = measured
     return reached, skipped

@@ -12,9 +12,10 @@ from rich.table import Table
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.engines.base import capabilities
 from autoinfer.export.formats import render
-from autoinfer.store import trials as store
+from autoinfer.store.records import Confirmation, DeploymentCheck, TrialRecord
+from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
-from autoinfer.sweep.confirm import CONFIRMED_ATTR, finalists, summary
+from autoinfer.sweep.confirm import finalists, summary
 from autoinfer.sweep.diagnosis import diagnose
 from autoinfer.sweep.drift import status_line
 from autoinfer.sweep.recommend import Recommendation, as_best, recommend
@@ -29,12 +30,12 @@ def spread(samples: list[float]) -> str:
     return f"{med:.2f} (min {min(samples):.2f}, max {max(samples):.2f}, n={len(samples)})"
 
 
-def measured(t: optuna.trial.FrozenTrial, confirmation: dict | None, kind: str) -> str:
+def measured(t: TrialRecord, confirmation: Confirmation | None, kind: str) -> str:
     """The confirmation's runs first when it measured this trial (one median per fresh process, the number to
     expect), then the search's own run: a single process can land in a fast or slow mode of the machine."""
-    search = spread(store.samples_of(t, kind))
-    runs = [statistics.median(r[f"{kind}_samples"]) for r in (confirmation or {}).get("runs", [])
-            if r["trial"] == t.number and r[f"{kind}_samples"]]
+    search = spread(t.samples(kind))
+    runs = [statistics.median(r.samples(kind)) for r in (confirmation.runs if confirmation else ())
+            if r.trial == t.number and r.samples(kind)]
     if not runs:
         return search
     return (f"{statistics.median(runs):.2f} over {len(runs)} confirmation runs (min {min(runs):.2f}, "
@@ -43,9 +44,11 @@ def measured(t: optuna.trial.FrozenTrial, confirmation: dict | None, kind: str) 
 
 def print_status(console: Console, study: optuna.Study) -> None:
     campaign = stored_campaign(study)
-    trials = study.get_trials(deepcopy=False)
-    finished = [t for t in trials if store.is_finished(t)]
-    outcomes = Counter(store.outcome_of(t) for t in trials)
+    study_store = Store(study)
+    trials = study_store.records()
+    kept = study_store.study_record()
+    finished = [t for t in trials if t.is_finished]
+    outcomes = Counter(t.status for t in trials)
     budget = campaign.budget.trials if campaign else len(finished)
     table = Table(title=f"study {study.study_name}", show_header=False)
     table.add_row("campaign", f"{campaign.name} (engine {campaign.engine})" if campaign else "imported")
@@ -62,25 +65,25 @@ def print_status(console: Console, study: optuna.Study) -> None:
     if starts and ends:
         elapsed = (max(ends) - min(starts)).total_seconds()
         table.add_row("elapsed", f"{elapsed:.0f} s")
-        walls = [float(t.user_attrs["wall_s"]) for t in finished if t.user_attrs.get("wall_s")]
+        walls = [float(t.wall_s) for t in finished if t.wall_s]
         if walls and budget > len(finished):
             table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
     rec = recommend(study)
-    confirmed = study.user_attrs.get(CONFIRMED_ATTR)
-    table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed['after_trials']} trials)"
+    confirmed = kept.confirmed
+    table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed.after_trials} trials)"
                   if confirmed else _unconfirmed(study, campaign, len(finished) >= budget))
     if (drift := status_line(study)) is not None:
         table.add_row("drift anchor", drift)
     if rec is not None and rec.busy:
         table.add_row("[bold red]busy machine[/bold red]", rec.busy)
     table.add_row("deployment check", deployment_line(deploy.stored(study), rec))
-    for imposed in study.user_attrs.get(store.DECISIONS_ATTR, []):
-        table.add_row("imposed on every trial", f"{imposed['knob']}={imposed['value']}: {imposed['reason']}")
+    for imposed in kept.imposed_settings:
+        table.add_row("imposed on every trial", f"{imposed.knob}={imposed.value}: {imposed.reason}")
     if rec is None:
         failed = diagnose(study)
         table.add_row("recommended", f"none: {failed.line()}" if failed else "no feasible successful trial yet")
     else:
-        t = study.trials[rec.trial]
+        t = study_store.record(rec.trial)
         table.add_row("recommended", f"trial {t.number}: {_params(t.params)}")
         table.add_row("  why", rec.why)
         table.add_row("  objective", _speed(rec))
@@ -117,13 +120,13 @@ def _params(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items()) or "(fixed configuration)"
 
 
-def _memory(t: optuna.trial.FrozenTrial) -> str:
-    vram, rss = t.user_attrs.get("vram_peak_mib"), t.user_attrs.get("rss_peak_mib")
+def _memory(t: TrialRecord) -> str:
+    vram, rss = t.vram_peak_mib, t.rss_peak_mib
     parts = [f"{name} {value:.0f} MiB" for name, value in (("VRAM", vram), ("RSS", rss)) if value]
     return ", ".join(parts) or "not measured"
 
 
-def deployment_line(check: deploy.DeploymentCheck | None, rec: Recommendation | None) -> str:
+def deployment_line(check: DeploymentCheck | None, rec: Recommendation | None) -> str:
     """What status and the report say about the deployment check of the current recommendation."""
     if check is None:
         return "not run (it runs at the end of `autoinfer sweep`)"
@@ -132,7 +135,7 @@ def deployment_line(check: deploy.DeploymentCheck | None, rec: Recommendation | 
     return check.line()
 
 
-def print_deployment_check(console: Console, check: deploy.DeploymentCheck) -> None:
+def print_deployment_check(console: Console, check: DeploymentCheck) -> None:
     """The check's result; a failure loudly, with the command that failed, since the printed answer does not work."""
     if check.status == "failed":
         console.print("[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command did not serve a "
@@ -157,7 +160,7 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
         console.print(f"\n[bold red]busy machine:[/bold red] {rec.busy}", highlight=False)
     console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
     console.print(f"  {rec.why}", markup=False, highlight=False)
-    if confirmed := study.user_attrs.get(CONFIRMED_ATTR):
+    if confirmed := Store(study).study_record().confirmed:
         console.print(f"  {summary(confirmed)}", markup=False, highlight=False)
     console.print(f"  objective:        {_speed(rec)}")
     console.print(f"  generation tok/s: {measured(t, best.confirmation, 'tg')}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -30,9 +30,10 @@ from autoinfer.measure.gpu import measured_gpus
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
 from autoinfer.search.informed import SearchAid
-from autoinfer.store import optuna_adapter as adapter
 from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord, waiting_remeasurements
 from autoinfer.store.redact import redact_url
+from autoinfer.store.trials import Store, write_trial
 from autoinfer.sweep import quality_gate, repeats
 from autoinfer.sweep.drift import flagged_trials
 from autoinfer.sweep.guard import TrialGuard, run_engine
@@ -100,15 +101,14 @@ def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
                     f"study {name!r} in {redact_url(url)} was made by a different campaign ({key!r} differs); "
                     "use --study NEW_NAME or the original campaign file"
                 )
-    study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
+    Store(study).write_study(campaign=campaign.to_json())
     return study
 
 
 def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Measurement) -> None:
     """Store a measurement and tell Optuna; memory outcomes and configurations the engine refuses become constraint
     violations, not scores (so the sampler steers away from them instead of proposing them again)."""
-    for key, value in store.measurement_attrs(m).items():
-        trial.set_user_attr(key, value)
+    write_trial(trial, **store.measurement_fields(m))
     store.write_run_files(trial_dir(study.study_name, trial.number), m)
     weights = campaign.objective_weights()
     limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
@@ -121,20 +121,19 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     if m.outcome is Outcome.PRUNED:
         _tell(study, trial, state=TrialState.PRUNED)
         return
-    value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples), "kld": store.kld_of(trial)},
-                        weights) if m.ok else None
+    value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples),
+                         "kld": TrialRecord.from_trial(trial).kld_samples}, weights) if m.ok else None
     if value is None:
         if m.ok:
-            trial.set_user_attr("outcome", Outcome.BAD_OUTPUT.value)
-            trial.set_user_attr("reason", f"no samples for the objective {sorted(weights)}")
+            write_trial(trial, outcome=Outcome.BAD_OUTPUT.value, reason=f"no samples for the objective {sorted(weights)}")
         _tell(study, trial, state=TrialState.FAIL)
         return
     for key, (limit, used) in limits.items():
         if limit is not None:
             trial.set_constraint(key, (used or 0.0) - limit)
             if used is not None and used > limit:
-                trial.set_user_attr("outcome", Outcome.INFEASIBLE.value)
-                trial.set_user_attr("reason", f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
+                write_trial(trial, outcome=Outcome.INFEASIBLE.value,
+                            reason=f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
     _tell(study, trial, pareto.values(m) if pareto.enabled(campaign) else value)
 
 
@@ -144,7 +143,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -
     try:
         study.tell(trial, *args, **kwargs)
     except ValueError:
-        if adapter.stored_trial(study, trial).state.is_finished():
+        if Store(study).stored(trial).state.is_finished():
             raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} was finished elsewhere") from None
         raise
 
@@ -173,8 +172,7 @@ def _refusal_fails_the_trial(study: optuna.Study) -> Iterator[list[optuna.Trial]
     except UserError as exc:
         for trial in current:
             if study.trials[trial.number].state == TrialState.RUNNING:
-                trial.set_user_attr("outcome", Outcome.REJECTED.value)
-                trial.set_user_attr("reason", f"refused: {exc}")
+                write_trial(trial, outcome=Outcome.REJECTED.value, reason=f"refused: {exc}")
                 _tell(study, trial, state=TrialState.FAIL)
         raise
 
@@ -194,17 +192,18 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
     with sqlite_single_worker(url, name):
         with worker.serialized(url, name):  # alone among the study's workers: create, bind, reclaim
             study = open_study(campaign, name, url)
+            study_store = Store(study)
             machine = hardware.bind(study)
-            requeued = worker.reclaim_stale(study, worker.stale_trials(study))
+            requeued = worker.reclaim_stale(study, study_store.stale_running())
             if decisions:
-                study.set_user_attr(store.DECISIONS_ATTR, [asdict(d) for d in decisions])
+                study_store.write_study(imposed_settings=decisions)
         aid = SearchAid.create(campaign, engine, models)
         strategy = select.create(campaign, aid, dists, models)
         with worker.serialized(study):  # two workers must not both queue a proposal for the last budgeted trial
             strategy.start(study)
         skips = repeated = 0
         nudge = random.Random(campaign.sampler.seed)
-        done = [t for t in study.get_trials(deepcopy=False) if store.is_finished(t) and not store.is_remeasurement(t)]
+        done = [t for t in study_store.records() if t.is_finished and not t.is_remeasurement]
         session_start = datetime.now()
         ran = charged = 0
         with SweepProgress(campaign, name, enabled=progress, done=len(done), requeued=requeued) as view, \
@@ -214,7 +213,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
             while True:
                 if (len(done) + charged >= budget.trials
-                        and not store.waiting_remeasurements(study.get_trials(deepcopy=False))):
+                        and not waiting_remeasurements(study_store.records(states=(TrialState.WAITING,)))):
                     with host:  # the end anchor; what it queues again is measured now, before the confirmation
                         if not guard.end_anchor():
                             break
@@ -228,11 +227,12 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 current[:] = [trial]
                 params: dict[str, Any] = dict(trial.params)  # study.ask(dists) suggested every one
                 config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
-                trial.set_user_attr("config", config.to_params())
+                write_trial(trial, config=config.to_params())
                 if decisions:
-                    trial.set_user_attr(store.DECISIONS_ATTR, {d.knob: d.value for d in decisions})
-                source = None if repeats.deliberate(trial.user_attrs) else repeats.earlier(
-                    study.get_trials(deepcopy=False), trial.user_attrs["config"], flagged_trials(study), trial.number)
+                    write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
+                asked = TrialRecord.from_trial(trial)
+                source = None if repeats.deliberate(asked) else repeats.earlier(
+                    study_store.records(), asked.config, flagged_trials(study), trial.number)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
                     repeats.answer(study, trial, source)
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
@@ -243,12 +243,12 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                         continue  # a queued trial (the search's proposal, a retry) is what the next ask runs
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
-                        fresh = repeats.unmeasured(dists, study.get_trials(deepcopy=False), nudge)
+                        fresh = repeats.unmeasured(dists, study_store.records(), nudge)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
                             view.note(f"stopped: {repeated} suggestions in a row were configurations already "
                                       "measured and no unmeasured one is left: the search space is exhausted")
                             break
-                        study.enqueue_trial(fresh, user_attrs={repeats.EXPLORE_ATTR: repeated})
+                        study_store.enqueue(fresh, explore_after_repeats=repeated)
                         view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random is "
                                   f"queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
                     continue
@@ -257,9 +257,9 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
                            or strategy.screen(trial, config))
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget
-                    trial.set_user_attr(store.UNMEASURED_ATTR, True)
+                    write_trial(trial, unmeasured=True)
                     record(study, trial, campaign, skipped)
-                    view.finish(study.trials[trial.number], recommend(study), counted=False)
+                    view.finish(study_store.record(trial.number), recommend(study), counted=False)
                     skips += 1
                     with worker.serialized(study):
                         strategy.observe(study)
@@ -273,10 +273,10 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     with host:
                         m = guard.measure(trial, config, partial(run_trial, engine, config, campaign, name,
                                                                  trial.number, aid.pruner(study, config)))
-                    trial.set_user_attr("host_lock_wait_s", round(host.waited_s, 3))
+                    write_trial(trial, host_lock_wait_s=round(host.waited_s, 3))
                     record(study, trial, campaign, m)
                 except optuna.exceptions.UpdateFinishedTrialError:
-                    if not adapter.stored_trial(study, trial).user_attrs.get(store.STALE_ATTR):
+                    if not study_store.stored(trial).stale:
                         raise  # finished by this process itself: a bug to show, not a stall to forgive
                     view.note(f"trial {trial.number} was failed by another worker while it ran here (no heartbeat "
                               "within the grace period) and re-queued: this measurement is dropped")
@@ -284,8 +284,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 with worker.serialized(study):
                     strategy.observe(study)
                 ran += 1
-                charged += not store.is_remeasurement(trial)
-                view.finish(study.trials[trial.number], recommend(study), counted=not store.is_remeasurement(trial))
+                charged += not asked.is_remeasurement
+                view.finish(study_store.record(trial.number), recommend(study), counted=not asked.is_remeasurement)
                 with host:  # the drift anchor measures too
                     guard.after_trial(trial.number)
             with host, worker.serialized(study):

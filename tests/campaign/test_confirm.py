@@ -19,7 +19,7 @@ from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, results_dir
 from autoinfer.store import trials as store
 from autoinfer.sweep import runner
-from autoinfer.sweep.confirm import CONFIRMED_ATTR, decide, finalists, precise_enough, ratio_line
+from autoinfer.sweep.confirm import decide, finalists, precise_enough, ratio_line
 from autoinfer.sweep.recommend import recommend
 
 # ------------------------------------------------------------------------------------------------ campaign keys
@@ -48,8 +48,8 @@ def test_bad_confirm_value_names_the_key(key, value):
 def test_clear_winner_is_not_a_tie():
     scores = {0: [100.0, 101.0, 99.0, 100.5, 100.2], 1: [80.0, 81.0, 79.0, 80.5, 80.2]}
     verdict = decide(scores, {0: 5000.0, 1: 3000.0}, alpha=0.05, test="mannwhitney")
-    assert verdict["leader"] == 0 and verdict["recommended"] == 0 and not verdict["tie"]
-    assert verdict["comparisons"][0]["differ_holm"] is True
+    assert verdict.leader == 0 and verdict.recommended == 0 and not verdict.tie
+    assert verdict.comparisons[0].differ_holm is True
 
 
 def test_indistinguishable_leaders_within_the_speed_tolerance_are_a_tie_and_the_cheaper_one_is_recommended():
@@ -57,10 +57,10 @@ def test_indistinguishable_leaders_within_the_speed_tolerance_are_a_tie_and_the_
               2: [60.0, 61.0, 59.0, 60.5, 60.2]}
     verdict = decide(scores, {0: 9000.0, 1: 4000.0, 2: 1000.0}, alpha=0.05, test="mannwhitney",
                      speed_tolerance=0.02)
-    assert verdict["tie"] and set(verdict["tied_with"]) == {1 if verdict["leader"] == 0 else 0}
-    assert verdict["recommended"] == 1  # least memory among the tied leaders; 2 is cheaper but slower
-    assert {c["trial"]: c["differ_holm"] for c in verdict["comparisons"]}[2] is True
-    assert verdict["alternative"]["trial"] == 2 and verdict["alternative"]["saves_mib"] == 3000.0
+    assert verdict.tie and set(verdict.tied_with) == {1 if verdict.leader == 0 else 0}
+    assert verdict.recommended == 1  # least memory among the tied leaders; 2 is cheaper but slower
+    assert {c.trial: c.differ_holm for c in verdict.comparisons}[2] is True
+    assert verdict.alternative.trial == 2 and verdict.alternative.saves_mib == 3000.0
 
 
 def test_memory_does_not_replace_a_faster_leader_that_the_test_cannot_separate():
@@ -69,13 +69,13 @@ def test_memory_does_not_replace_a_faster_leader_that_the_test_cannot_separate()
     scores = {4: [71.8, 62.8, 74.1, 58.0, 72.9], 0: [61.9, 63.8, 72.1, 55.0, 60.2]}
     verdict = decide(scores, {4: 7586.0, 0: 7154.0}, alpha=0.05, test="mannwhitney", memory_tolerance=0.02,
                      speed_tolerance=0.02)
-    assert verdict["tie"] and verdict["recommended"] == 4 and "objective decides" in verdict["why"]
-    assert verdict["alternative"] is None  # 5.7% less memory for 13% less speed is no trade worth offering
+    assert verdict.tie and verdict.recommended == 4 and "objective decides" in verdict.why
+    assert verdict.alternative is None  # 5.7% less memory for 13% less speed is no trade worth offering
     scores[0] = [71.0, 62.5, 73.0, 57.5, 72.0]  # 2% slower: the 432 MiB are offered on their own line
     alt = decide(scores, {4: 7586.0, 0: 7154.0}, alpha=0.05, test="mannwhitney", memory_tolerance=0.02,
-                 speed_tolerance=0.01)["alternative"]
-    assert alt["trial"] == 0 and alt["saves_mib"] == pytest.approx(432.0)
-    assert alt["slower"] == pytest.approx(1 - statistics.median(scores[0]) / statistics.median(scores[4]))
+                 speed_tolerance=0.01).alternative
+    assert alt.trial == 0 and alt.saves_mib == pytest.approx(432.0)
+    assert alt.slower == pytest.approx(1 - statistics.median(scores[0]) / statistics.median(scores[4]))
 
 
 def test_ratio_is_said_as_hyperfine_says_it_and_more_rounds_until_the_ci_is_narrow():
@@ -91,14 +91,14 @@ def test_a_few_kib_of_memory_do_not_outweigh_a_faster_median():
     scores = {9: [1950.5, 1974.6, 2035.2, 1862.1, 1906.3], 7: [2286.0, 2110.4, 1207.9, 1241.6, 1267.4]}
     memory = {9: 26.5234375, 7: 26.5078125}
     wide = {"alpha": 0.05, "test": "mannwhitney", "speed_tolerance": 0.5}  # 7's median is within 50% of 9's
-    assert decide(scores, memory, memory_tolerance=0.02, **wide)["recommended"] == 9
-    assert decide(scores, memory, **wide)["recommended"] == 7
+    assert decide(scores, memory, memory_tolerance=0.02, **wide).recommended == 9
+    assert decide(scores, memory, **wide).recommended == 7
 
 
 def test_finalist_without_two_successful_runs_is_not_judged():
     verdict = decide({0: [10.0, 11.0, 12.0, 10.5], 1: [50.0]}, {0: 1.0, 1: 1.0}, alpha=0.05, test="welch")
-    assert verdict["leader"] == 0 and verdict["comparisons"] == []
-    assert decide({0: []}, {0: 1.0}, alpha=0.05, test="welch")["recommended"] is None
+    assert verdict.leader == 0 and verdict.comparisons == ()
+    assert decide({0: []}, {0: 1.0}, alpha=0.05, test="welch").recommended is None
 
 
 def test_finalists_are_distinct_feasible_and_not_drift_flagged(tmp_path):
@@ -115,7 +115,7 @@ def test_finalists_are_distinct_feasible_and_not_drift_flagged(tmp_path):
     add(2, 95.0)  # same configuration as the one before: one finalist
     add(3, 99.0)  # flagged by the drift anchor below
     add(4, 200.0, outcome="crash")
-    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [3])
+    study.set_user_attr("drift_flagged", [3])  # as a study stores it
     chosen = finalists(study, {"tg": 1.0}, top_k=3)
     assert [t.number for t in chosen] == [2, 0]
 
@@ -157,7 +157,7 @@ def test_interleaved_confirmation_in_fresh_processes_and_status_export(llama_too
     by_model = {t.params["model"]: t.number for t in result.study.trials}
     assert set(by_model) == {str(tiny_model), str(small_model)}
 
-    record = result.study.user_attrs[CONFIRMED_ATTR]
+    record = result.study.user_attrs["confirmed"]  # as stored
     runs = record["runs"]
     assert len(runs) == 8 and all(r["outcome"] == "ok" for r in runs)
     for r in range(4):  # every round runs each finalist once, the order rotating: A B, B A, A B, B A
@@ -195,13 +195,13 @@ def test_too_few_rounds_is_a_tie_and_the_objective_still_decides(llama_tools, ti
     for model in (str(tiny_model), str(small_model)):
         study.enqueue_trial({"model": model})
     first = runner.sweep(campaign, progress=False)
-    assert CONFIRMED_ATTR not in first.study.user_attrs  # confirm.enabled false: nothing at the end
+    assert "confirmed" not in first.study.user_attrs  # confirm.enabled false: nothing at the end
 
     cli = CliRunner()  # `autoinfer sweep --confirm` on the finished study: no new trial, only the confirmation
     result = cli.invoke(app, ["sweep", str(_write(campaign)), "--confirm", "--quiet"], terminal_width=200)
     assert result.exit_code == 0, result.output
     study = store.load_study("confirm-e2e", None)
-    record = study.user_attrs[CONFIRMED_ATTR]
+    record = study.user_attrs["confirmed"]
     assert len(study.trials) == 2 and len(record["runs"]) == 6
     assert all(r["outcome"] == "ok" for r in record["runs"]), [r["reason"] for r in record["runs"]]
     assert record["tie"] and all(c["p_value"] >= 0.1 for c in record["comparisons"])

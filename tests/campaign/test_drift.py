@@ -13,9 +13,9 @@ from autoinfer.cli import app
 from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.errors import UserError
 from autoinfer.paths import trial_dir
-from autoinfer.store import trials as store
+from autoinfer.store.trials import Store
 from autoinfer.sweep import runner
-from autoinfer.sweep.drift import DRIFT_ATTR, DriftAnchor, flagged_trials
+from autoinfer.sweep.drift import DriftAnchor, flagged_trials
 from autoinfer.sweep.recommend import recommend
 
 
@@ -40,7 +40,7 @@ def test_drift_is_judged_outside_the_reference_runs_spread(tmp_path, monkeypatch
 
     monkeypatch.setenv("AUTOINFER_RESULTS", str(tmp_path))
     study = optuna.create_study(study_name="band")
-    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf"}, "anchors": []})
+    study.set_user_attr("drift", {"config": {"model": "m.gguf"}, "anchors": []})  # as a study stores it
     scores = iter([100.0, 60.0, 95.0, 55.0, 40.0, 118.0, 121.0])
     notes: list[str] = []
     anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2}),
@@ -48,9 +48,9 @@ def test_drift_is_judged_outside_the_reference_runs_spread(tmp_path, monkeypatch
     anchor.measure_reference(after_trial=0)
     assert "spread 67%" in notes[-1]
     judged = [anchor.measure(after_trial=n, label="periodic") for n in range(1, 5)]
-    assert [a["drifted"] for a in judged] == [False, True, False, True]
-    assert judged[0]["ratio"] == pytest.approx(55 / 95)
-    assert [a["label"] for a in study.user_attrs[DRIFT_ATTR]["anchors"][:3]] == ["start"] * 3
+    assert [a.drifted for a in judged] == [False, True, False, True]
+    assert judged[0].ratio == pytest.approx(55 / 95)
+    assert [a.label for a in Store(study).study_record().drift.anchors[:3]] == ["start"] * 3
 
 
 def test_one_anchor_outside_the_band_is_an_outlier_when_a_second_run_is_back_inside(tmp_path, monkeypatch):
@@ -64,7 +64,7 @@ def test_one_anchor_outside_the_band_is_an_outlier_when_a_second_run_is_back_ins
         study.add_trial(optuna.trial.create_trial(value=1.0, params={"x": 1},
                                                   distributions={"x": optuna.distributions.IntDistribution(0, 2)},
                                                   user_attrs={"outcome": "ok", "config": {"model": "m.gguf"}}))
-    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf", "threads": 1}, "anchors": []})
+    study.set_user_attr("drift", {"config": {"model": "m.gguf", "threads": 1}, "anchors": []})
     scores = iter([100.0, 105.0, 110.0, 140.0, 104.0, 50.0, 55.0])
     notes: list[str] = []
     anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2}),
@@ -74,7 +74,7 @@ def test_one_anchor_outside_the_band_is_an_outlier_when_a_second_run_is_back_ins
     assert flagged_trials(study) == set() and "one process's outlier" in notes[-1]
     anchor.check(3, "end", backoff=False)
     assert flagged_trials(study) == {3}
-    labels = [(a["label"], a["drifted"]) for a in study.user_attrs[DRIFT_ATTR]["anchors"]]
+    labels = [(a.label, a.drifted) for a in Store(study).study_record().drift.anchors]
     assert labels[3:] == [("periodic", True), ("recheck", False), ("end", True), ("recheck", True)]
 
 
@@ -93,10 +93,10 @@ def test_the_first_trials_own_run_is_a_reference_run_when_the_anchor_is_its_conf
     anchor = DriftAnchor(study, _campaign(drift={"threshold": 0.2, "baseline": baseline}),
                          lambda config, folder: Measurement(Outcome.OK, tg_samples=(next(scores),) * 3), print)
     anchor.after_trial(0)
-    start = study.user_attrs[DRIFT_ATTR]["anchors"]
-    assert len(start) == 3 and [a["trial"] for a in start] == ([0, None, None] if not baseline else [None] * 3)
+    start = Store(study).study_record().drift.anchors
+    assert len(start) == 3 and [a.trial for a in start] == ([0, None, None] if not baseline else [None] * 3)
     later = [anchor.measure(after_trial=1, label="periodic") for _ in range(4 - extra_runs)]
-    assert later[-1]["score"] == 190.0 and later[-1]["drifted"] == bool(baseline)
+    assert later[-1].score == 190.0 and later[-1].drifted == bool(baseline)
 
 
 @pytest.mark.parametrize("keys,where", [
@@ -147,25 +147,27 @@ def test_planted_load_makes_the_anchor_drift_and_requeues_the_trials(llama_tools
     study = result.study
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # the planted load is gone
 
-    anchors = study.user_attrs[DRIFT_ATTR]["anchors"]
-    assert anchors[0]["label"] == "start" and anchors[0]["after_trial"] == 0 and not anchors[0]["drifted"]
-    under_load = next(a for a in anchors if a["after_trial"] == 1)
-    assert under_load["drifted"] and under_load["ratio"] is not None, anchors
+    kept = Store(study).study_record()
+    anchors = kept.drift.anchors
+    assert anchors[0].label == "start" and anchors[0].after_trial == 0 and not anchors[0].drifted
+    under_load = next(a for a in anchors if a.after_trial == 1)
+    assert under_load.drifted and under_load.ratio is not None, anchors
 
     # Under the load the anchor is slower than its reference and trial 1 is flagged; when other work on a shared
     # host slowed the reference even more, the anchor is faster, the reference is replaced and trial 0 is flagged.
-    suspect = 1 if under_load["ratio"] < 1 else 0
+    suspect = 1 if under_load.ratio < 1 else 0
     flagged = flagged_trials(study)
     assert suspect in flagged
-    retry = [t for t in study.trials if t.user_attrs.get("remeasure_of") == suspect]
-    assert len(retry) == 1 and retry[0].params == study.trials[suspect].params
+    trials = Store(study).records()
+    retry = [t for t in trials if t.remeasure_of == suspect]
+    assert len(retry) == 1 and retry[0].params == trials[suspect].params
     assert retry[0].state == optuna.trial.TrialState.COMPLETE  # measured before the sweep ended, outside the budget
-    assert sum(store.is_finished(t) and not store.is_remeasurement(t) for t in study.trials) == 4
-    assert study.trials[1].user_attrs["idle"]["own_cpu_percent"] > 1  # the planted load, seen and recorded
+    assert sum(t.is_finished and not t.is_remeasurement for t in trials) == 4
+    assert trials[1].idle["own_cpu_percent"] > 1  # the planted load, seen and recorded
     rec = recommend(study)
     assert rec is not None and rec.trial not in flagged
-    event = study.user_attrs[DRIFT_ATTR]["events"][0]
-    assert event["after_trial"] == 1 and suspect in event["flagged"]
+    event = kept.drift.events[0]
+    assert event.after_trial == 1 and suspect in event.flagged
 
     status = CliRunner().invoke(app, ["status", "--study", "drift-e2e"], terminal_width=200)
     assert status.exit_code == 0, status.output
@@ -176,8 +178,8 @@ def test_planted_load_makes_the_anchor_drift_and_requeues_the_trials(llama_tools
 def test_anchor_off_runs_no_anchor(llama_tools, tiny_model):
     campaign = _tiny_campaign(llama_tools, tiny_model, budget={"trials": 1}, drift={"every": None})
     study = runner.sweep(campaign, progress=False).study
-    assert DRIFT_ATTR not in study.user_attrs
-    assert study.trials[0].user_attrs["outcome"] == "ok"
+    assert "drift" not in study.user_attrs
+    assert Store(study).record(0).outcome == "ok"
 
 
 @pytest.mark.slow
@@ -187,11 +189,11 @@ def test_noisy_trial_is_measured_again_and_pooled(llama_tools, tiny_model):
                               measure={"n_prompt": 0, "n_gen": 8, "repetitions": 3, "timeout_s": 120,
                                        "max_cv": 1e-9})
     study = runner.sweep(campaign, progress=False).study
-    t = study.trials[0]
-    noise = t.user_attrs["noise"]
-    assert noise["rerun"] and noise["first_cv"] > 1e-9 and noise["rerun_outcome"] == "ok"
-    assert len(t.user_attrs["tg_samples"]) == 6
-    assert t.user_attrs["tg_samples"][:3] == noise["first_tg_samples"]
-    assert t.user_attrs["stats"]["tg"]["n"] == 6
+    t = Store(study).record(0)
+    noise = t.noise
+    assert noise.rerun and noise.first_cv > 1e-9 and noise.rerun_outcome == "ok"
+    assert len(t.tg_samples) == 6
+    assert t.tg_samples[:3] == noise.first_tg_samples
+    assert t.stats["tg"]["n"] == 6
     assert (trial_dir("drift-e2e", 0) / "first_run" / "command.txt").read_text().startswith(
         str(llama_tools.bin_dir))

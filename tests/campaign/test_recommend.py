@@ -22,13 +22,10 @@ from autoinfer.cli import app
 from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.paths import default_storage
 from autoinfer.store import trials as store
-from autoinfer.sweep.confirm import CONFIRMED_ATTR, decide
-from autoinfer.sweep.drift import (
-    DRIFT_ATTR,
-    DriftAnchor,
-    busy_verdict,
-    flagged_trials,
-)
+from autoinfer.store.records import Confirmation
+from autoinfer.store.trials import Store
+from autoinfer.sweep.confirm import decide
+from autoinfer.sweep.drift import DriftAnchor, busy_verdict, flagged_trials
 from autoinfer.sweep.progress import SweepProgress
 from autoinfer.sweep.recommend import Run, recommend
 from autoinfer.sweep.recommend import decide as recommend_from
@@ -44,7 +41,7 @@ def _campaign(**keys):
 
 def _study(campaign, name: str = "one") -> optuna.Study:
     study = optuna.create_study(study_name=name, storage=store.storage_for(default_storage()), direction="maximize")
-    study.set_user_attr(store.CAMPAIGN_ATTR, campaign.to_json())
+    study.set_user_attr("campaign", campaign.to_json())  # studies are stored with these attribute names
     return study
 
 
@@ -62,8 +59,8 @@ def _confirm(study: optuna.Study, scores: dict[int, list[float]], memory: dict[i
     record = {"alpha": 0.05, "test": "mannwhitney", "rounds": 5, "after_trials": len(study.trials), "runs": [],
               "finalists": [{"trial": n, "params": {}, "scores": s, "median": sorted(s)[len(s) // 2],
                              "ci": [min(s), max(s)], "memory_mib": memory[n], "memory_kind": "rss",
-                             "failed_runs": 0} for n, s in scores.items()], **verdict}
-    study.set_user_attr(CONFIRMED_ATTR, record)
+                             "failed_runs": 0} for n, s in scores.items()], **verdict.to_attr()}
+    study.set_user_attr("confirmed", record)
     return record
 
 
@@ -71,7 +68,7 @@ def _everywhere(study: optuna.Study, campaign, tmp_path: Path, monkeypatch) -> d
     """The trial number each place names as the recommendation."""
     view = SweepProgress(campaign, study.study_name, enabled=True, done=0, requeued=0)
     view.console = Console(file=io.StringIO())
-    view.finish(study.trials[-1], recommend(study))
+    view.finish(Store(study).records()[-1], recommend(study))
     label = view.progress.tasks[0].description
     assert label.startswith("best so far")
     out = io.StringIO()
@@ -103,7 +100,7 @@ def test_every_view_gives_the_same_recommendation(tmp_path, monkeypatch, confirm
     _add(study, 2, [2618.0, 2610.0, 2625.0], 30.0)
     _add(study, 2, [2300.0, 2290.0, 2310.0], 30.0, remeasure_of=1)
     _add(study, 3, [2545.0, 2540.0, 2550.0], 30.0)
-    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [1])
+    study.set_user_attr("drift_flagged", [1])
     expected = 3
     if confirmed:
         record = _confirm(study, {3: [2440.0, 2450.0, 2445.0, 2435.0, 2448.0],
@@ -123,7 +120,7 @@ def test_the_notebook_gives_the_same_recommendation(tmp_path, monkeypatch):
     _add(study, 1, [2410.0, 2405.0, 2415.0], 30.0)
     _add(study, 2, [2618.0, 2610.0, 2625.0], 30.0)
     _add(study, 3, [2545.0, 2540.0, 2550.0], 20.0)
-    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [1])
+    study.set_user_attr("drift_flagged", [1])
     monkeypatch.setenv("AUTOINFER_STUDY", "nbrec")
     monkeypatch.setenv("AUTOINFER_REPORT_DIR", str(tmp_path / "report"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -153,7 +150,7 @@ def test_a_confirmation_that_contradicts_the_search_measurements_is_not_used():
         {"trial": 0, "median": 38.7, "scores": [38.7, 40.0], "ci": [38.0, 40.0]},
         {"trial": 1, "median": 35.0, "scores": [35.0, 36.0], "ci": [35.0, 36.0]}]}
     keys = {0: "a", 1: "b", 2: "c", 3: "a"}
-    rec = recommend_from(runs, record, keys, {n: {"n": n} for n in keys})
+    rec = recommend_from(runs, Confirmation.from_attr(record), keys, {n: {"n": n} for n in keys})
     assert rec is not None and not rec.confirmed and rec.speed > 2000 and rec.trial in (0, 3, 1)
     assert "confirmation was not used: 2 of 2 finalists" in rec.why
 
@@ -167,7 +164,7 @@ def test_a_reference_measured_on_a_busy_machine_is_replaced_and_the_slow_trial_i
     campaign = _campaign(drift={"threshold": 0.2, "reference_runs": 2, "every": 4})
     study = _study(campaign, "busy")
     _add(study, 1, [38.7, 38.0, 39.1], 30.0)
-    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf", "threads": 1}, "anchors": [], "from_trial": 0})
+    study.set_user_attr("drift", {"config": {"model": "m.gguf", "threads": 1}, "anchors": [], "from_trial": 0})
     scores = iter([40.0, 2400.0, 2410.0])
     notes: list[str] = []
     anchor = DriftAnchor(study, campaign,
@@ -189,8 +186,8 @@ def test_a_machine_whose_noise_dominates_is_said_plainly_in_status(tmp_path, mon
     study = _study(campaign, "noisy")
     for threads in range(1, 6):
         _add(study, threads, [2000.0 + threads] * 3, 30.0)
-    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [0, 1, 2, 3])
-    study.set_user_attr(DRIFT_ATTR, {"config": {"model": "m.gguf", "threads": 1}, "anchors": [
+    study.set_user_attr("drift_flagged", [0, 1, 2, 3])
+    study.set_user_attr("drift", {"config": {"model": "m.gguf", "threads": 1}, "anchors": [
         {"label": "start", "score": 2400.0, "drifted": False, "ratio": None, "after_trial": 0},
         {"label": "periodic", "score": 4.8, "drifted": True, "ratio": 0.002, "after_trial": 2},
         {"label": "end", "score": 300.0, "drifted": True, "ratio": 0.125, "after_trial": 4}]})
@@ -217,7 +214,7 @@ def test_the_report_shows_the_generation_vs_prompt_front_within_the_budget_and_m
                         "vram_peak_mib": vram, "engine_cmd": []}))
     rec = recommend(study)
     assert rec is not None and rec.trial == 3  # recommend judges on the stored samples; no constraint was recorded
-    study.set_user_attr(store.DRIFT_FLAGGED_ATTR, [3])  # left out everywhere, the front included
+    study.set_user_attr("drift_flagged", [3])  # left out everywhere, the front included
     rec = recommend(study)
     assert rec is not None and rec.trial == 0 and rec.alternative is None  # 13% slower for 6% less: no trade
     analyze(study, tmp_path / "report")

@@ -18,9 +18,9 @@ from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import load_campaign
 from autoinfer.store import trials as store
-from autoinfer.store.trials import AGAIN_ATTR, REPEAT_ATTR
+from autoinfer.store.trials import Store
 from autoinfer.sweep import runner
-from autoinfer.sweep.repeats import DELIBERATE
+from autoinfer.sweep.repeats import deliberate
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -57,23 +57,22 @@ def complete(db: Path) -> int:
 
 def measured_configs(trials) -> Counter:
     """How often each configuration was measured without a re-measurement tag."""
-    return Counter(repr(sorted(t.user_attrs["config"].items())) for t in trials
-                   if store.is_finished(t) and not any(k in t.user_attrs for k in DELIBERATE))
+    return Counter(repr(sorted(t.config.items())) for t in trials if t.is_finished and not deliberate(t))
 
 
 def test_a_space_smaller_than_the_budget_is_measured_once_per_configuration(tmp_path):
     campaign = load_campaign(replay_campaign(tmp_path, threads=2, trials=10))  # 4 configurations, 10 trials
     study = runner.sweep(campaign, progress=False).study
-    trials = study.get_trials(deepcopy=False)
+    trials = Store(study).records()
     counts = measured_configs(trials)
     assert len(counts) == 4 and set(counts.values()) == {1}, counts
-    repeats = [t for t in trials if REPEAT_ATTR in t.user_attrs]
+    repeats = [t for t in trials if t.repeat_of is not None]
     assert repeats, "the sampler never suggested a measured configuration again (the test proves nothing)"
     for t in repeats:
-        source = trials[t.user_attrs[REPEAT_ATTR]]
-        assert t.user_attrs["config"] == source.user_attrs["config"] and store.is_finished(source)
-        assert t.values == source.values and not store.is_finished(t)  # TPE told the known value; no budget
-        assert t.user_attrs["outcome"] == "repeat"
+        source = trials[t.repeat_of]
+        assert t.config == source.config and source.is_finished
+        assert t.values == source.values and not t.is_finished  # TPE told the known value; no budget
+        assert t.outcome == "repeat"
 
 
 def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tmp_path):
@@ -94,15 +93,15 @@ def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tm
     done = subprocess.run([*CLI, "sweep", str(path), "--quiet"], cwd=tmp_path, env=env, capture_output=True,
                           check=False, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    trials = store.load_study("repeats", url).trials
+    trials = Store(store.load_study("repeats", url)).records()
     counts = measured_configs(trials)
     assert len(counts) == sum(counts.values()), counts  # no configuration measured twice untagged
-    counted = [t for t in trials if store.is_finished(t)]
+    counted = [t for t in trials if t.is_finished]
     assert len(counted) == 14  # the budget, exactly: retries replace the trials the kills interrupted
-    again = [t for t in counted if AGAIN_ATTR in t.user_attrs]  # the search measured an incumbent again on purpose
-    assert len({repr(sorted(t.user_attrs["config"].items())) for t in counted}) == 14 - len(again)
-    assert all(trials[t.user_attrs[AGAIN_ATTR]].params == t.params for t in again)
+    again = [t for t in counted if t.again_of is not None]  # the search measured an incumbent again on purpose
+    assert len({repr(sorted(t.config.items())) for t in counted}) == 14 - len(again)
+    assert all(trials[t.again_of].params == t.params for t in again)
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     for t in trials:  # every trial the kills interrupted is failed, tagged, and its configuration measured
-        if t.user_attrs.get("stale") and t.params and REPEAT_ATTR not in t.user_attrs:
-            assert any(r.user_attrs.get("retry_of") == t.number and store.is_finished(r) for r in trials)
+        if t.stale and t.params and t.repeat_of is None:
+            assert any(r.retry_of == t.number and r.is_finished for r in trials)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from optuna.trial import create_trial
+from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import check_space, parse_campaign
 from autoinfer.engines.base import Decision, TrialConfig, create, impose
@@ -17,6 +17,7 @@ from autoinfer.engines.llama_server import LlamaServerEngine
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.model.synth import cached_model
+from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Best
 
 from .helpers import context, trial
@@ -74,7 +75,7 @@ print(namespace["llm"].model_params.use_extra_bufts)
 def test_the_python_export_turns_repack_off_as_measured(llama_tools, tiny_model, repack, expected):
     extra = () if repack is None else (("repack", repack),)
     config = TrialConfig(tiny_model, flash_attn="on", n_gpu_layers=0, extra=extra)
-    best = Best(create_trial(value=1.0, user_attrs={"config": config.to_params()}), config, 1.0)
+    best = Best(TrialRecord(0, TrialState.COMPLETE, values=(1.0,), config=config.to_params()), config, 1.0)
     snippet = render("python", best, "s", "llama-cpp-python")
     env = create("llama-cpp-python", llama_bin=llama_tools.bin_dir).child_env()
     child = subprocess.run([sys.executable, "-c", CHILD, snippet], check=False, capture_output=True, text=True,

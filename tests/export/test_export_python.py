@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from optuna.trial import create_trial
+from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from autoinfer.cli import app
@@ -18,6 +18,7 @@ from autoinfer.engines.base import TrialConfig, create
 from autoinfer.engines.llama_cpp_python import llama_kwargs
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
+from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Best, load_study
 from autoinfer.sweep.recommend import as_best, recommend
 
@@ -103,7 +104,7 @@ def test_exported_snippet_builds_the_measured_configuration(tmp_path, llama_tool
 
 
 def best_of(engine_config: TrialConfig) -> Best:
-    trial = create_trial(value=10.0, user_attrs={"config": engine_config.to_params()})
+    trial = TrialRecord(0, TrialState.COMPLETE, values=(10.0,), config=engine_config.to_params())
     return Best(trial, engine_config, 10.0)
 
 

@@ -35,7 +35,7 @@ from autoinfer.llama.build import (
 )
 from autoinfer.measure.crash import boot_seconds, kernel_component, kernel_log
 from autoinfer.paths import default_storage
-from autoinfer.store.trials import DECISIONS_ATTR
+from autoinfer.store.trials import Store
 from autoinfer.sweep.diagnosis import SWEEP_FAILED, diagnose
 from autoinfer.sweep.runner import sweep
 
@@ -119,14 +119,14 @@ def test_a_sweep_on_the_crashing_build_runs_every_trial_with_repack_off(repack_s
         "idle": {"policy": "off"}, "sampler": {"name": "random", "seed": 0},
     })
     result = sweep(campaign, progress=False)
-    trials = result.study.get_trials()
-    assert len(trials) == 2 and all(t.user_attrs["outcome"] == "ok" for t in trials)
+    trials = Store(result.study).records()
+    assert len(trials) == 2 and all(t.outcome == "ok" for t in trials)
     for t in trials:
-        assert t.user_attrs["config"]["repack"] == 0 and t.user_attrs[DECISIONS_ATTR] == {"repack": 0}
-        cmd = t.user_attrs["engine_cmd"]
+        assert t.config["repack"] == 0 and t.imposed_settings == {"repack": 0}
+        cmd = t.engine_cmd
         assert cmd[cmd.index("--repack") + 1] == "0"
-    [decision] = result.study.user_attrs[DECISIONS_ATTR]
-    assert decision["knob"] == "repack" and "weight repacking crashes" in decision["reason"]
+    [decision] = Store(result.study).study_record().imposed_settings
+    assert decision.knob == "repack" and "weight repacking crashes" in decision.reason
     assert "decision: every trial runs with repack=0" in capsys.readouterr().err
     exported = CliRunner().invoke(app, ["export", "--study", "standin", "--format", "bench"])
     assert exported.exit_code == 0 and "--repack 0" in exported.output

@@ -178,4 +178,4 @@ def test_sweep_marks_files_over_max_kld_infeasible(llama_tools, f16_model, ladde
             elif t.state == optuna.trial.TrialState.COMPLETE:
                 assert t.user_attrs["outcome"] == "ok"
     if result.best is not None:
-        assert result.best.trial.user_attrs["kld"] <= limit
+        assert result.best.trial.kld <= limit

@@ -11,8 +11,7 @@ from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.replay import parameter_columns, read_table
-from autoinfer.search.informed import REASON_ATTR
-from autoinfer.store.trials import MEMORY_STORAGE
+from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
@@ -32,7 +31,7 @@ def _replay(table: Path, budget: float, trials: int, seed: int = 0, strategy: st
 
 
 def _measured(study):
-    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("unmeasured")]
+    return [t for t in Store(study).records() if not t.unmeasured]
 
 
 @pytest.mark.parametrize("budget", [8192.0, 12288.0])
@@ -43,8 +42,8 @@ def test_first_trial_is_the_largest_placement_that_fits(budget):
     first = _measured(study)[0]
     fitting = df[df.vram_mib <= budget].cpu_expert_layers.min()  # fewest expert layers in RAM that fit
     assert first.params["cpu_expert_layers"] == fitting
-    assert first.user_attrs["vram_peak_mib"] <= budget
-    assert first.user_attrs[REASON_ATTR].startswith("boundary:")
+    assert first.vram_peak_mib <= budget
+    assert first.search_reason.startswith("boundary:")
 
 
 def test_local_moves_then_the_best_row_within_a_few_trials():
@@ -53,10 +52,10 @@ def test_local_moves_then_the_best_row_within_a_few_trials():
     budget = 12288.0
     study = _replay(table, budget, trials=8)
     measured = _measured(study)
-    reasons = [t.user_attrs[REASON_ATTR] for t in measured]
+    reasons = [t.search_reason for t in measured]
     assert reasons[0].startswith("boundary:") and any(r.startswith("local:") for r in reasons[1:4])
     best_row = df[df.vram_mib <= budget].tg.max()
-    rows = [t.user_attrs["metrics"]["replay_row"] for t in measured if t.user_attrs.get("outcome") == "ok"]
+    rows = [t.metrics["replay_row"] for t in measured if t.outcome == "ok"]
     assert max(df.tg.iloc[r] for r in rows) >= 0.98 * best_row
     # every move keeps the boundary placement: nothing far from it is measured while moves are left
     assert all(t.params["cpu_expert_layers"] <= 24 for t in measured[:4])
@@ -65,7 +64,7 @@ def test_local_moves_then_the_best_row_within_a_few_trials():
 def test_whole_layer_offload_stays_out_where_expert_placement_wins():
     table = TABLES / "h100-35b.csv"  # whole-layer rows (n_gpu_layers 20-36) beside expert placements at 99
     study = _replay(table, 8192.0, trials=6)
-    proposed = [t for t in _measured(study) if str(t.user_attrs.get(REASON_ATTR, "")).startswith(("boundary", "local"))]
+    proposed = [t for t in _measured(study) if str(t.search_reason or "").startswith(("boundary", "local"))]
     assert proposed and all(t.params["n_gpu_layers"] == 99 for t in proposed)
 
 
@@ -92,10 +91,10 @@ def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
         "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
     }, str(table))
     study = sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
-    again = [t for t in _measured(study) if "again_of" in t.user_attrs]
-    assert len(again) == 1, [t.user_attrs.get(REASON_ATTR) for t in _measured(study)]
+    again = [t for t in _measured(study) if t.again_of is not None]
+    assert len(again) == 1, [t.search_reason for t in _measured(study)]
     (t,) = again
-    first = study.trials[t.user_attrs["again_of"]]
-    assert first.params == t.params and first.number < t.number and "repeat_of" not in t.user_attrs
-    assert t.user_attrs[REASON_ATTR].startswith("again: no single move or pair from trial")
-    assert t.user_attrs["outcome"] == "ok" and t.user_attrs["tg_samples"]
+    first = study.trials[t.again_of]
+    assert first.params == t.params and first.number < t.number and t.repeat_of is None
+    assert t.search_reason.startswith("again: no single move or pair from trial")
+    assert t.outcome == "ok" and t.tg_samples

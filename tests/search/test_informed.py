@@ -10,8 +10,7 @@ import pytest
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.llama_common import parse_fit_params
 from autoinfer.model.placement import layers_on_cpu
-from autoinfer.search.informed import LABEL_ATTR
-from autoinfer.store import trials as store
+from autoinfer.store.trials import Store
 from autoinfer.sweep.replay_cli import OFFLINE, compare
 from autoinfer.sweep.runner import sweep
 
@@ -43,29 +42,29 @@ def _campaign(planted: Path, **search) -> dict:
 
 def test_sweep_records_predictions_labels_and_pruning(planted):
     result = sweep(parse_campaign(_campaign(planted, strategy="informed")), storage="memory", progress=False)
-    trials = result.study.get_trials(deepcopy=False)
-    outcomes = [store.outcome_of(t) for t in trials]
-    measured = [t for t in trials if store.is_finished(t)]
+    trials = Store(result.study).records()
+    outcomes = [t.status for t in trials]
+    measured = [t for t in trials if t.is_finished]
     assert len(measured) == 20  # predicted-infeasible records do not use up the budget
-    skipped = [t for t in trials if store.outcome_of(t) == "predicted_infeasible"]
-    assert skipped and all("predicted" in t.user_attrs["reason"] and t.constraints.get("memory") == 1.0 for t in skipped)
-    assert all(t.user_attrs["predicted_mib"] > BUDGET for t in skipped)
-    labels = [t.user_attrs.get(LABEL_ATTR) for t in trials[:3]]
+    skipped = [t for t in trials if t.status == "predicted_infeasible"]
+    assert skipped and all("predicted" in t.reason and t.constraints.get("memory") == 1.0 for t in skipped)
+    assert all(t.predicted_mib > BUDGET for t in skipped)
+    labels = [t.label for t in trials[:3]]
     assert labels[0] == "informed: largest placement predicted to fit" and "informed: neighbour" in labels
     first = trials[0]
-    assert first.user_attrs["vram_peak_mib"] <= BUDGET * 1.05  # the informed start sits near the edge, not over
+    assert first.vram_peak_mib <= BUDGET * 1.05  # the informed start sits near the edge, not over
     assert "pruned" in outcomes  # hopeless configurations are cut after one repetition
-    assert all(len(store.samples_of(t, "tg")) == 1 for t in trials if store.outcome_of(t) == "pruned")
-    memory = result.study.user_attrs["memory_model"][planted.name]
-    assert memory["trials"] >= 10 and memory["loo_median_rel_error"] < 0.05
+    assert all(len(t.samples("tg")) == 1 for t in trials if t.status == "pruned")
+    memory = Store(result.study).study_record().memory_model[planted.name]
+    assert memory.trials >= 10 and memory.loo_median_rel_error < 0.05
 
 
 def test_without_skipping_the_over_budget_trials_run(planted):
     result = sweep(parse_campaign(_campaign(planted, skip_predicted=False, informed=False, prune_below=None)),
                    storage="memory", progress=False)
-    trials = result.study.get_trials(deepcopy=False)
-    assert not any(store.outcome_of(t) == "predicted_infeasible" for t in trials)
-    assert any(store.outcome_of(t) == "infeasible" for t in trials)
+    trials = Store(result.study).records()
+    assert not any(t.status == "predicted_infeasible" for t in trials)
+    assert any(t.status == "infeasible" for t in trials)
 
 
 FIT_OUTPUT = ("-c 4096 -ngl 41 -ot \"" + ",".join(
@@ -89,15 +88,15 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     from autoinfer.campaign.space import distributions, to_config
     from autoinfer.engines import base
     from autoinfer.model.placement import EXPERT_TENSORS
-    from autoinfer.search.informed import FIT_SPLIT_ATTR, SearchAid
+    from autoinfer.search.informed import SearchAid
 
     campaign = parse_campaign({"name": "x", "model": str(tiny_model), "space": {
         "placement": ["last"], "cpu_expert_layers": [2], "tensor_split": ["1/1"]}})
     models = {str(tiny_model): str(tiny_model)}
     aid = SearchAid.create(campaign, base.create("llama-bench"), models)
     study = optuna.create_study()
-    study.enqueue_trial({"placement": "last", "cpu_expert_layers": 2, "tensor_split": "1/1"},
-                        user_attrs={FIT_SPLIT_ATTR: "17/24"})
+    Store(study).enqueue({"placement": "last", "cpu_expert_layers": 2, "tensor_split": "1/1"},
+                         fit_tensor_split="17/24")
     dists = distributions(campaign)
     trial = study.ask(dists)
     config = aid.realize(to_config(campaign, trial.params, models), trial)

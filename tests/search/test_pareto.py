@@ -33,7 +33,7 @@ def test_front_is_stored_and_non_dominated(study):
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MAXIMIZE", "MINIMIZE"]
     front = pareto.front(study)
     everyone = pareto.points(study)
-    assert len(front) >= 2 and study.user_attrs[pareto.FRONT_ATTR] == [p.trial.number for p in front]
+    assert len(front) >= 2 and study.user_attrs["pareto_front"] == [p.trial.number for p in front]  # as stored
     for p in front:
         assert not any(q.dominates(p) for q in everyone)
     optuna_front = {t.number for t in study.best_trials if "repeat_of" not in t.user_attrs}  # repeats: told the same

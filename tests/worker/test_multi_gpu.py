@@ -138,8 +138,7 @@ def test_memory_model_predicts_each_gpu_of_the_h200_pair():
 def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
     """Replaying the H200 pair's table: the first trial is predicted (and measured) within 6 GiB on each GPU, and
     the splits that leave one GPU over it are recorded as predicted_infeasible, not run."""
-    from autoinfer.search.informed import REASON_ATTR
-    from autoinfer.store import trials as store
+    from autoinfer.store.trials import Store
     from autoinfer.sweep.replay_cli import OFFLINE
     from autoinfer.sweep.runner import sweep
 
@@ -150,12 +149,12 @@ def test_informed_search_on_two_gpus_fits_every_gpu(tmp_path):
                                   "expert_split": ["layers", "1/1", "2/1"]},
                         "constraints": {"vram_mib": 6144}, "budget": {"trials": 3},
                         "search": {"fit_params": False, "prune_below": None}, **OFFLINE})
-    trials = sweep(c, storage="memory", progress=False).study.get_trials(deepcopy=False)
+    trials = Store(sweep(c, storage="memory", progress=False).study).records()
     first = trials[0]
-    assert first.user_attrs[REASON_ATTR].startswith("boundary") and max(first.user_attrs["vram_per_gpu_mib"]) <= 6144
-    skipped = [t for t in trials if store.outcome_of(t) == "predicted_infeasible"]
+    assert first.search_reason.startswith("boundary") and max(first.vram_per_gpu_mib) <= 6144
+    skipped = [t for t in trials if t.status == "predicted_infeasible"]
     assert all(t.params["expert_split"] == "layers" for t in skipped)
-    assert all(max(t.user_attrs["vram_per_gpu_mib"]) <= 6144 for t in trials if store.outcome_of(t) == "ok")
+    assert all(max(t.vram_per_gpu_mib) <= 6144 for t in trials if t.status == "ok")
 
 
 @pytest.mark.parametrize("space, n_gpus, needle", [

@@ -24,6 +24,7 @@ from autoinfer.campaign.spec import load_campaign
 from autoinfer.coordination import hardware
 from autoinfer.errors import UserError
 from autoinfer.store import trials as store
+from autoinfer.store.trials import Store
 from autoinfer.sweep.runner import sqlite_single_worker, sweep
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
@@ -66,24 +67,25 @@ def test_four_workers_run_the_budget_exactly_once(tmp_path, pg_url):
         pytest.fail("\n\n".join(outputs))  # whole, where an assertion's explanation would be cut short
 
     study = store.load_study("shared", pg_url)
-    every = study.get_trials(deepcopy=False)
+    every = Store(study).records()
     assert not [t for t in every if t.state in (TrialState.RUNNING, TrialState.WAITING)]  # nothing lost
-    trials = [t for t in every if "repeat_of" not in t.user_attrs]  # suggested again: answered, never run
-    assert sum(store.is_finished(t) for t in every) == 40 == len(trials)  # no overshoot
-    again = [t for t in trials if store.AGAIN_ATTR in t.user_attrs]  # the search measured an incumbent again
-    assert all(study.trials[t.user_attrs[store.AGAIN_ATTR]].params == t.params for t in again)
+    trials = [t for t in every if t.repeat_of is None]  # suggested again: answered, never run
+    assert sum(t.is_finished for t in every) == 40 == len(trials)  # no overshoot
+    again = [t for t in trials if t.again_of is not None]  # the search measured an incumbent again
+    assert all(every[t.again_of].params == t.params for t in again)
     assert len({repr(sorted(t.params.items())) for t in trials}) == 40 - len(again)  # no other duplicate
     # measured to the end, or stopped at the first repetition far below the best (prune_below): the far corner of
     # the space is reached once the fast configurations have all been measured
-    assert all((t.state, t.user_attrs["outcome"]) in ((TrialState.COMPLETE, "ok"), (TrialState.PRUNED, "pruned"))
+    assert all((t.state, t.outcome) in ((TrialState.COMPLETE, "ok"), (TrialState.PRUNED, "pruned"))
                for t in trials)
     ran = [int(re.search(r"worker done: (\d+) trial", out).group(1)) for out in outputs]
-    by_pid = Counter(t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials)
+    by_pid = Counter(t.host.pid for t in trials)
     assert sum(ran) == 40 and sorted(by_pid.values()) == sorted(r for r in ran if r)
     assert len(by_pid) >= 2, f"only one worker got trials: {ran}"
     # the last worker to finish confirmed once, on all 40 trials
-    assert study.user_attrs["confirmed"]["after_trials"] == 40
-    assert study.user_attrs[hardware.CLASS_ATTR]["digest"] == hardware.hardware_class().digest
+    kept = Store(study).study_record()
+    assert kept.confirmed.after_trials == 40
+    assert kept.hardware_class.digest == hardware.hardware_class().digest
 
 
 def bench_campaign(tmp_path: Path, model: Path, trials: int) -> Path:
@@ -106,13 +108,12 @@ def test_workers_on_one_host_measure_one_at_a_time(tmp_path, pg_url, llama_tools
     workers = [start_worker(campaign, "bench", pg_url) for _ in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
-    trials = [t for t in store.load_study("bench", pg_url).get_trials(deepcopy=False)
-              if "repeat_of" not in t.user_attrs]  # a configuration suggested again runs nothing
-    assert len({t.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] for t in trials}) == 2
-    windows = sorted((t.user_attrs["env"]["started_at"], t.user_attrs["env"]["started_at"]
-                      + t.user_attrs["env"]["duration_s"]) for t in trials)
+    trials = [t for t in Store(store.load_study("bench", pg_url)).records()
+              if t.repeat_of is None]  # a configuration suggested again runs nothing
+    assert len({t.host.pid for t in trials}) == 2
+    windows = sorted((t.env["started_at"], t.env["started_at"] + t.env["duration_s"]) for t in trials)
     assert all(later[0] >= earlier[1] for earlier, later in zip(windows, windows[1:])), windows
-    assert max(t.user_attrs["host_lock_wait_s"] for t in trials) > 0  # someone waited its turn
+    assert max(t.host_lock_wait_s for t in trials) > 0  # someone waited its turn
 
 
 def test_killed_worker_trial_is_failed_by_heartbeat_and_rerun(tmp_path, pg_url, llama_tools, tiny_model, monkeypatch):
@@ -136,14 +137,14 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_rerun(tmp_path, pg_url, 
     survivor = start_worker(None, "bench", pg_url, log=tmp_path / "survivor.log")
     assert survivor.wait(timeout=300) == 0, (tmp_path / "survivor.log").read_text()
 
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trials = {t.number: t for t in Store(study).records()}
     dead = trials[killed.number]
-    assert dead.state == TrialState.FAIL and dead.user_attrs[store.STALE_ATTR]
-    [retry] = [t for t in trials.values() if t.user_attrs.get("retry_of") == killed.number]
+    assert dead.state == TrialState.FAIL and dead.stale
+    [retry] = [t for t in trials.values() if t.retry_of == killed.number]
     assert retry.state == TrialState.COMPLETE and retry.params == killed.params
-    assert retry.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] == survivor.pid
-    assert sum(store.is_finished(t) for t in trials.values()) == 2  # the dead trial does not use up the budget
-    assert all(t.user_attrs["host_lock_wait_s"] >= 0 for t in trials.values() if store.is_finished(t))
+    assert retry.host.pid == survivor.pid
+    assert sum(t.is_finished for t in trials.values()) == 2  # the dead trial does not use up the budget
+    assert all(t.host_lock_wait_s >= 0 for t in trials.values() if t.is_finished)
 
 
 def test_a_stalled_worker_drops_the_trial_another_worker_reclaimed(tmp_path, pg_url, llama_tools, tiny_model,
@@ -170,15 +171,15 @@ def test_a_stalled_worker_drops_the_trial_another_worker_reclaimed(tmp_path, pg_
     assert survivor.wait(timeout=300) == 0, (tmp_path / "survivor.log").read_text()
 
     [reclaimed] = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    assert reclaimed.user_attrs[store.STALE_ATTR] and "vram_peak_mib" not in reclaimed.user_attrs  # nothing written late
+    assert reclaimed.user_attrs["stale"] and "vram_peak_mib" not in reclaimed.user_attrs  # nothing written late
     said = " ".join((tmp_path / "stalled.log").read_text().split())  # the console wraps long lines
     assert f"trial {reclaimed.number} was failed by another worker" in said and "measurement is dropped" in said
     assert "worker done: 0 trial(s) measured here" in said
-    trials = study.get_trials(deepcopy=False)
-    [retry] = [t for t in trials if t.user_attrs.get("retry_of") == reclaimed.number]
+    trials = Store(study).records()
+    [retry] = [t for t in trials if t.retry_of == reclaimed.number]
     assert retry.state == TrialState.COMPLETE and retry.params == reclaimed.params
-    assert retry.user_attrs[hardware.TRIAL_HOST_ATTR]["pid"] == survivor.pid
-    assert sum(store.is_finished(t) for t in trials) == 1
+    assert retry.host.pid == survivor.pid
+    assert sum(t.is_finished for t in trials) == 1
 
 
 def test_worker_of_another_hardware_class_is_refused(tmp_path, pg_url, monkeypatch):
@@ -222,11 +223,11 @@ def test_gpus_option_starts_one_worker_per_gpu(tmp_path, pg_url):
     parent = subprocess.run([*CLI, "worker", str(campaign), "--study", "pergpu", "--storage", pg_url, "--gpus", "0,1"],
                             capture_output=True, text=True, timeout=300)
     assert parent.returncode == 0, parent.stdout + parent.stderr
-    trials = store.load_study("pergpu", pg_url).get_trials(deepcopy=False)
-    hosts = [t.user_attrs[hardware.TRIAL_HOST_ATTR] for t in trials]
-    assert sum(store.is_finished(t) for t in trials) == 12
-    assert {h["cuda_visible_devices"] for h in hosts} <= {"0", "1"}
-    pids = {h["pid"]: h["cuda_visible_devices"] for h in hosts}  # each child sees one GPU, always the same
+    trials = Store(store.load_study("pergpu", pg_url)).records()
+    hosts = [t.host for t in trials]
+    assert sum(t.is_finished for t in trials) == 12
+    assert {h.cuda_visible_devices for h in hosts} <= {"0", "1"}
+    pids = {h.pid: h.cuda_visible_devices for h in hosts}  # each child sees one GPU, always the same
     assert len(set(pids.values())) == len(pids)
     assert sum(int(n) for n in re.findall(r"worker done: (\d+) trial", parent.stdout)) == 12
     assert "recommended for study 'pergpu'" in parent.stdout  # once all workers stopped, what the campaign found
