@@ -84,8 +84,9 @@ def _study_key(name: str) -> int:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF or 1
 
 
-def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
-    """The study storage; on PostgreSQL with heartbeats, and its tables created by one worker at a time."""
+def campaign_storage(url: str, workers: Workers) -> optuna.storages.BaseStorage:
+    """The storage a sweep or worker runs a study on: on PostgreSQL with heartbeats, its tables created by one worker
+    at a time (the first to connect creates them; the others would race it)."""
     check_url(url)
     if not is_shared(url):
         return store.storage_for(url)
@@ -93,11 +94,9 @@ def storage_for(url: str, workers: Workers) -> optuna.storages.BaseStorage:
 
     engine = _engine(url)
     try:
-        with _advisory_lock(engine, _SCHEMA_LOCK), warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are the point here
-            return optuna.storages.RDBStorage(driver_url(url), engine_kwargs={"pool_pre_ping": True},
-                                              heartbeat_interval=workers.heartbeat_s, grace_period=workers.grace)
-    except sqlalchemy.exc.SQLAlchemyError as exc:
+        with _advisory_lock(engine, _SCHEMA_LOCK):
+            return store.storage_for(url, heartbeat_s=workers.heartbeat_s, grace_s=workers.grace)
+    except sqlalchemy.exc.SQLAlchemyError as exc:  # the lock's own connection: a wrong password, no server
         raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc).splitlines()[0])}") from None
     finally:
         engine.dispose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,12 +28,18 @@ from autoinfer.store.redact import redact, redact_url
 from autoinfer.store.urls import MEMORY_STORAGE, driver_url
 
 
-def storage_for(url: str | None) -> optuna.storages.BaseStorage:
-    """An RDB storage for the URL (default: the SQLite file under results/)."""
+def storage_for(url: str | None, *, heartbeat_s: int | None = None, grace_s: int | None = None) -> optuna.storages.BaseStorage:
+    """An RDB storage for the URL (default: the SQLite file under results/); with heartbeat_s, one whose running
+    trials send heartbeats and count as stale after grace_s of silence (several workers on PostgreSQL)."""
     url = url or default_storage()
     if url == MEMORY_STORAGE:
         return optuna.storages.InMemoryStorage()
     try:
+        if heartbeat_s is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are the point
+                return optuna.storages.RDBStorage(driver_url(url), engine_kwargs={"pool_pre_ping": True},
+                                                  heartbeat_interval=heartbeat_s, grace_period=grace_s)
         return optuna.storages.RDBStorage(driver_url(url))
     except (ValueError, ImportError) as exc:
         raise UserError(f"cannot open storage {redact_url(url)!r}: {redact(str(exc))}") from None

@@ -88,7 +88,7 @@ def sqlite_single_worker(url: str, study_name: str) -> Iterator[None]:
 
 def open_study(campaign: Campaign, name: str, url: str) -> optuna.Study:
     """Create the study, or resume it if it exists and was made by the same campaign."""
-    storage = worker.storage_for(url, campaign.workers)
+    storage = worker.campaign_storage(url, campaign.workers)
     study = optuna.create_study(
         study_name=name, storage=storage, directions=pareto.directions(campaign), sampler=make_sampler(campaign),
         load_if_exists=True
