@@ -16,6 +16,11 @@ Per budget:
    features), the host's measured read bandwidth (a multi-threaded sum over 2 GiB, as many threads as the
    configuration uses) and the GPU's (a device-to-device copy); the ceiling 1 / (cpu_GB/host_GB/s + gpu_GB/gpu_GB/s)
    is the tg no placement of those bytes can beat, and the table shows how close each answer comes to its own.
+5. The measured account, once every budget ran: the shared performance model (autoinfer/model/performance.py) fitted
+   without priors to every successful trial of the three sweeps and every interleaved run (one host, many GB/token
+   on the CPU), so its CPU term is this host's measured seconds per GB of experts left in RAM. Per budget: the
+   tg it gives each answer's placement, and how much faster a placement would be that kept 5% fewer expert bytes on
+   the CPU, which no placement within the same budget can (the GPU is full at the boundary).
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ from autoinfer.llama.build import find_tools
 from autoinfer.measure.gpu import measured_gpus, memory_used_mib, visible_gpus
 from autoinfer.measure.process import run_isolated
 from autoinfer.measure.stats import compare
-from autoinfer.model.performance import features_of
+from autoinfer.model.performance import TG_TERMS, features_of, predict
+from autoinfer.model.performance import fit as fit_coefficients
 from autoinfer.model.shape import shape_from_gguf
+from autoinfer.store.trials import Store, load_study
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
@@ -72,14 +79,14 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
 
 def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path, log) -> tuple[TrialConfig, dict]:
     """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`. The drift anchor
-    is off and the confirmation capped at 4 rounds: the interleaved comparison that follows is the check across
-    processes, and the GPU time goes to it."""
+    is off and the confirmation is of two finalists without extra rounds: the interleaved comparison that follows
+    is the check across processes, and the GPU time goes to it."""
     spec = yaml.safe_load(CAMPAIGN.read_text())
     spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
     spec["constraints"]["vram_mib"] = budget
     spec["budget"] = {"trials": trials, "wall_s": wall_s}
     spec["drift"] = {"every": None}
-    spec["confirm"] = {**spec.get("confirm", {}), "max_rounds": 4}
+    spec["confirm"] = {**spec.get("confirm", {}), "top_k": 2, "max_rounds": spec.get("confirm", {}).get("rounds", 3)}
     path = work / f"vs-fit-{budget:.0f}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {**os.environ, "AUTOINFER_RESULTS": str(work / "results")}
@@ -156,6 +163,46 @@ def ceiling(model: Path, config: TrialConfig, host_gbps: float, gpu_gbps: float)
             "tg_ceiling": round(1 / seconds, 1)}
 
 
+def sweep_observations(work: Path, studies: list[str]) -> list[tuple[TrialConfig, float]]:
+    """(configuration, tg median) of every successful feasible trial of the sweeps."""
+    os.environ["AUTOINFER_RESULTS"] = str(work / "results")
+    out = []
+    for name in studies:
+        for t in Store(load_study(name, None)).records():
+            if t.is_feasible_ok and t.samples("tg"):
+                out.append((t.trial_config, float(np.median(t.samples("tg")))))
+    return out
+
+
+def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
+                     answers: dict[float, dict[str, TrialConfig]]) -> tuple[list[str], dict]:
+    """The performance model fitted to this host's measurements; per budget the tg it gives each answer and the gain
+    5% fewer CPU-side expert bytes would bring."""
+    shape = shape_from_gguf(model)
+    rows = np.array([features_of(shape, config).tg_row() for config, _ in observations])
+    coef = fit_coefficients(rows, [tg for _, tg in observations])
+    fitted = predict(coef, rows)
+    errors = [abs(p - tg) / tg for p, (_, tg) in zip(fitted, observations)]
+    lines = [f"performance model fitted to {len(observations)} measurements of this host: "
+             + ", ".join(f"{name} {value:.3g}" for name, value in zip(TG_TERMS, coef))
+             + f"; median |error| {np.median(errors):.1%}", "",
+             "| budget MiB | side | host GB/token | measured tg | model tg | model tg with 5% fewer host bytes |",
+             "|---|---|---|---|---|---|"]
+    data = {"coef": dict(zip(TG_TERMS, map(float, coef))), "median_rel_error": float(np.median(errors))}
+    for budget, sides in answers.items():
+        for side, (config, measured) in sides.items():
+            f = features_of(shape, config)
+            row = f.tg_row()
+            less = row.copy()
+            less[1], less[2] = row[1] * 0.95, row[2] * 0.95  # the CPU-side terms (cpu_gb, cpu_gb/threads)
+            model_tg, fewer = float(predict(coef, row[None])[0]), float(predict(coef, less[None])[0])
+            lines.append(f"| {budget:.0f} | {side} | {f.cpu_gb:.3f} | {measured:.1f} | {model_tg:.1f} | "
+                         f"{fewer:.1f} (+{fewer / model_tg - 1:.1%}) |")
+            data[f"{budget:.0f}-{side}"] = {"cpu_gb": f.cpu_gb, "measured": measured, "model": model_tg,
+                                            "fewer_host_bytes": fewer}
+    return lines, data
+
+
 def describe(config: TrialConfig) -> str:
     knobs = {k: v for k, v in config.to_params().items() if k not in ("model", "override_tensors", *MEASURE)}
     layers = f"{len(config.override_tensors)} override(s)" if config.override_tensors else "no overrides"
@@ -181,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    rows, accounts, records = [], [], []
+    rows, accounts, records, account = [], [], [], []
+    interleaved: list[tuple[TrialConfig, float]] = []
+    answers: dict[float, dict[str, tuple[TrialConfig, float]]] = {}
     gpu_gbps = gpu_copy_gbps()
     for budget in (float(b) for b in args.budgets.split(",")):
         started = time.monotonic()
@@ -208,20 +257,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"{np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} | "
                     f"{pp.ratio:.2f} [{pp.ratio_ci[0]:.2f}, {pp.ratio_ci[1]:.2f}] | {peak['fit']:.0f} | {peak['ours']:.0f} |")
         log(rows[-1])
+        answers[budget] = {side: (config, float(np.median(runs[side]["tg"]))) for side, config in
+                           (("fit", fit), ("ours", ours))}
+        interleaved += [(config, tg) for side, config in (("fit", fit), ("ours", ours)) for tg in runs[side]["tg"]]
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                         "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
-        write(args, rows, accounts, lines, records)  # after every budget, so a run cut short keeps what it measured
+        observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved
+        account, records[-1]["measured_account"] = measured_account(args.model.resolve(), observations, answers)
+        log("\n".join(account))
+        write(args, rows, accounts, account, lines, records)  # after every budget: a run cut short keeps its results
     return 0
 
 
-def write(args: argparse.Namespace, rows: list[str], accounts: list[str], lines: list[str],
+def write(args: argparse.Namespace, rows: list[str], accounts: list[str], account: list[str], lines: list[str],
           records: list[dict]) -> None:
     table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | fit pp512 | ours pp512 | pp ours/fit [95% CI] "
              "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
              "| budget MiB | fit host GB/token | ours host GB/token | fit tg ceiling (reached) | ours tg ceiling (reached) |",
-             "|---|---|---|---|---|", *accounts]
+             "|---|---|---|---|---|", *accounts, *(["", "## Measured account", "", *account] if account else [])]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
                         + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
