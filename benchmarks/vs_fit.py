@@ -26,6 +26,7 @@ Per budget:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -192,10 +193,8 @@ def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
     for budget, sides in answers.items():
         for side, (config, measured) in sides.items():
             f = features_of(shape, config)
-            row = f.tg_row()
-            less = row.copy()
-            less[1], less[2] = row[1] * 0.95, row[2] * 0.95  # the CPU-side terms (cpu_gb, cpu_gb/threads)
-            model_tg, fewer = float(predict(coef, row[None])[0]), float(predict(coef, less[None])[0])
+            less = dataclasses.replace(f, cpu_gb=0.95 * f.cpu_gb)
+            model_tg, fewer = (float(predict(coef, x.tg_row()[None])[0]) for x in (f, less))
             lines.append(f"| {budget:.0f} | {side} | {f.cpu_gb:.3f} | {measured:.1f} | {model_tg:.1f} | "
                          f"{fewer:.1f} (+{fewer / model_tg - 1:.1%}) |")
             data[f"{budget:.0f}-{side}"] = {"cpu_gb": f.cpu_gb, "measured": measured, "model": model_tg,
