@@ -44,8 +44,7 @@ from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import cpu_expert_layers, cpu_layers
 from autoinfer.search.informed import SAMPLED, SearchAid, _typical
 from autoinfer.store import trials as store
-from autoinfer.store.records import TrialRecord
-from autoinfer.store.trials import Store, write_trial
+from autoinfer.store.trials import Store, record_of, write_trial
 
 GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "tensor_split", "expert_split")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
@@ -131,7 +130,7 @@ class Boundary:
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
-        if TrialRecord.from_trial(trial).search_reason is None:
+        if record_of(trial).search_reason is None:
             write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (every local move was measured)")
         return self.aid.before_run(trial, config)
 

@@ -36,8 +36,8 @@ from autoinfer.model.placement import (
     realize,
 )
 from autoinfer.model.shape import ModelShape
-from autoinfer.store.records import MemoryCalibration, TrialRecord
-from autoinfer.store.trials import Store, write_trial
+from autoinfer.store.records import MemoryCalibration
+from autoinfer.store.trials import Store, record_of, write_trial
 
 SHOWN_REASONS = 12  # the last trials whose choice `status` explains
 SAMPLED = "sampler:"  # the reason of a trial the strategy left to the campaign's sampler
@@ -114,7 +114,7 @@ class SearchAid:
     def realize(self, config: TrialConfig, trial: optuna.Trial) -> TrialConfig:
         """Placement parameters → tensor overrides (for engines that do not take them as such); a
         llama-fit-params baseline gets its own overrides and tensor split."""
-        asked = TrialRecord.from_trial(trial)
+        asked = record_of(trial)
         split = asked.fit_tensor_split
         if split is not None:
             kept = tuple((k, v) for k, v in config.extra if k != "tensor_split")

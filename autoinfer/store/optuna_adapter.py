@@ -10,11 +10,9 @@ function on a real storage, so an Optuna release that moves one fails there, not
 
 from __future__ import annotations
 
-from typing import Any
-
 import optuna
 from optuna.storages._heartbeat import BaseHeartbeatThread, get_heartbeat_thread, is_heartbeat_enabled
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 #: The Optuna versions this module was written against: [low, high), as in pyproject.toml.
 SUPPORTED = ((5, 0), (6, 0))
@@ -57,15 +55,3 @@ def start_heartbeat(study: optuna.Study, trial: optuna.Trial) -> BaseHeartbeatTh
     beat = get_heartbeat_thread(trial_id(trial), store)
     beat.start()
     return beat
-
-
-def fail_with(study: optuna.Study, trial: FrozenTrial, attrs: dict[str, Any]) -> bool:
-    """Record `attrs` on a trial this process does not own and fail it; False when it finished meanwhile."""
-    store = storage(study)
-    try:
-        for key, value in attrs.items():
-            store.set_trial_user_attr(trial_id(trial), key, value)
-        store.set_trial_state_values(trial_id(trial), TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    return True

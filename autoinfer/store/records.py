@@ -180,8 +180,9 @@ class TrialRecord:
     source_line: int | None = _attr(column="value")
 
     @classmethod
-    def from_trial(cls, trial: FrozenTrial | optuna.Trial) -> TrialRecord:
-        """The record of a stored trial, or of a trial this process is running (state RUNNING, no values yet).
+    def from_trial(cls, trial: FrozenTrial | optuna.Trial, attrs: Mapping[str, Any]) -> TrialRecord:
+        """The record of a stored trial, or of a trial this process is running (state RUNNING, no values yet), with
+        its stored attributes `attrs` (store.trials.record_of passes them: only it reads Optuna's user attributes).
 
         Filled in without the generated __init__: the loop and the search read every trial's record several times
         per trial, and that __init__ of 45 frozen fields took 8.6 µs where filling them in takes 1 µs (a record
@@ -194,7 +195,7 @@ class TrialRecord:
             params=trial.params, values=tuple(trial.values) if finished and trial.values is not None else None,
             constraints=trial.constraints, distributions=trial.distributions, datetime_start=trial.datetime_start,
             datetime_complete=trial.datetime_complete if finished else None)
-        record.__dict__.update(_decode(_TRIAL_DECODERS, trial.user_attrs))
+        record.__dict__.update(_decode(_TRIAL_DECODERS, attrs))
         return record
 
     def to_attrs(self) -> dict[str, Any]:

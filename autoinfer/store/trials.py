@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import optuna
-from optuna.trial import TrialState, create_trial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from autoinfer import atomic
 from autoinfer.engines.base import Measurement, TrialConfig
@@ -133,6 +133,11 @@ def write_trial(trial: optuna.Trial, **fields: Any) -> None:
         trial.set_user_attr(key, value)
 
 
+
+def record_of(trial: FrozenTrial | optuna.Trial) -> TrialRecord:
+    """The typed record of a stored trial, or of one this process is running."""
+    return TrialRecord.from_trial(trial, trial.user_attrs)
+
 class Store:
     """A study's records: the trials as TrialRecords, the study's own attributes as a StudyRecord, and every write
     of them (with write_trial for a trial this process runs)."""
@@ -141,14 +146,14 @@ class Store:
         self.study = study
 
     def records(self, states: Sequence[TrialState] | None = None) -> list[TrialRecord]:
-        return [TrialRecord.from_trial(t) for t in self.study.get_trials(deepcopy=False, states=states)]
+        return [record_of(t) for t in self.study.get_trials(deepcopy=False, states=states)]
 
     def record(self, number: int) -> TrialRecord:
-        return TrialRecord.from_trial(self.study.get_trials(deepcopy=False)[number])
+        return record_of(self.study.get_trials(deepcopy=False)[number])
 
     def stored(self, trial: optuna.Trial) -> TrialRecord:
         """The trial as the storage holds it now (another worker may have failed it), not as this process cached it."""
-        return TrialRecord.from_trial(adapter.stored_trial(self.study, trial))
+        return record_of(adapter.stored_trial(self.study, trial))
 
     def enqueue(self, params: dict[str, Any], *, skip_if_exists: bool = False, **fields: Any) -> None:
         """Queue a configuration to be asked for next, with the TrialRecord fields that say why."""
@@ -166,12 +171,20 @@ class Store:
         if adapter.heartbeat_interval(self.study) is None:
             return None
         ids = adapter.stale_trial_ids(self.study)
-        return [TrialRecord.from_trial(t) for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return [record_of(t) for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if adapter.trial_id(t) in ids]
 
     def fail(self, record: TrialRecord, **fields: Any) -> bool:
-        """Store fields on a running trial this process does not own and fail it; False when it finished meanwhile."""
-        return adapter.fail_with(self.study, self.study.get_trials(deepcopy=False)[record.number], attrs_of(**fields))
+        """Store fields on a running trial this process does not own and fail it, through the storage (the trial's
+        own handle belongs to another process); False when it finished meanwhile."""
+        storage, tid = adapter.storage(self.study), adapter.trial_id(self.study.get_trials(deepcopy=False)[record.number])
+        try:
+            for key, value in attrs_of(**fields).items():
+                storage.set_trial_user_attr(tid, key, value)
+            storage.set_trial_state_values(tid, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        return True
 
     def study_record(self) -> StudyRecord:
         return StudyRecord.from_attrs(self.study.user_attrs)

@@ -31,9 +31,9 @@ from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
 from autoinfer.search.informed import SearchAid
 from autoinfer.store import trials as store
-from autoinfer.store.records import TrialRecord, waiting_remeasurements
+from autoinfer.store.records import waiting_remeasurements
 from autoinfer.store.redact import redact_url
-from autoinfer.store.trials import Store, write_trial
+from autoinfer.store.trials import Store, record_of, write_trial
 from autoinfer.sweep import quality_gate, repeats
 from autoinfer.sweep.drift import flagged_trials
 from autoinfer.sweep.guard import TrialGuard, run_engine
@@ -122,7 +122,7 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
         _tell(study, trial, state=TrialState.PRUNED)
         return
     value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples),
-                         "kld": TrialRecord.from_trial(trial).kld_samples}, weights) if m.ok else None
+                         "kld": record_of(trial).kld_samples}, weights) if m.ok else None
     if value is None:
         if m.ok:
             write_trial(trial, outcome=Outcome.BAD_OUTPUT.value, reason=f"no samples for the objective {sorted(weights)}")
@@ -230,7 +230,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 write_trial(trial, config=config.to_params())
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
-                asked = TrialRecord.from_trial(trial)
+                asked = record_of(trial)
                 source = None if repeats.deliberate(asked) else repeats.earlier(
                     study_store.records(), asked.config, flagged_trials(study), trial.number)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent

@@ -37,11 +37,11 @@ def test_heartbeats_stale_trials_and_failing_a_trial_of_another_process(tmp_path
     beat.join()  # its worker "died": no more beats
     time.sleep(3.5)
     assert adapter.trial_id(trial) in adapter.stale_trial_ids(study)
-    frozen = study.get_trials(deepcopy=False)[0]
-    assert adapter.fail_with(study, frozen, {"reason": "gone"})
+    running = Store(study).records()[0]
+    assert Store(study).fail(running, reason="gone")  # through the storage: the trial is another process's
     stored = adapter.stored_trial(study, trial)
     assert stored.state == TrialState.FAIL and stored.user_attrs["reason"] == "gone"
-    assert not adapter.fail_with(study, frozen, {"reason": "again"})  # already finished: nothing written
+    assert not Store(study).fail(running, reason="again")  # already finished: nothing written
     assert adapter.stored_trial(study, trial).user_attrs["reason"] == "gone"
 
 
@@ -52,7 +52,7 @@ def test_an_in_memory_study_has_no_heartbeat():
 
 
 def test_optunas_stale_trial_api_cannot_record_why_it_failed_a_trial(tmp_path):
-    """Why coordination.worker.reclaim_stale fails stale trials itself (stale_trial_ids, fail_with) rather than through
+    """Why coordination.worker.reclaim_stale fails stale trials itself (stale_trial_ids, Store.fail) rather than through
     optuna.storages.fail_stale_trials with RetryHeartbeatStaleTrialCallback: fail_stale_trials fails the trial before
     its callback runs, and Optuna then refuses every write to it, so the stale flag and reason that keep the trial out
     of the budget cannot be recorded; and the retry callback re-queues every stale trial with all of its attributes,

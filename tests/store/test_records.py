@@ -31,7 +31,7 @@ from autoinfer.store.records import (
     Verdict,
     attrs_of,
 )
-from autoinfer.store.trials import Store, write_trial
+from autoinfer.store.trials import Store, record_of, write_trial
 
 #: A trial's user attributes as earlier versions wrote them (one of every kind).
 STORED_TRIAL = {
@@ -96,7 +96,7 @@ def _stored_trial(attrs: dict) -> optuna.trial.FrozenTrial:
 
 
 def test_a_trial_stored_by_an_earlier_version_reads_into_every_field():
-    r = TrialRecord.from_trial(_stored_trial(STORED_TRIAL))
+    r = record_of(_stored_trial(STORED_TRIAL))
     assert {f.name for f in fields(TrialRecord) if f.metadata.get("attr")} == set(STORED_TRIAL)
     assert r.host == TrialHost("box", 41, "a1b2", "0")
     assert r.noise == Noise(0.3, 0.15, True, (5.0, 12.0, 11.0), (100.0, 100.0, 100.0), "ok")
@@ -109,10 +109,10 @@ def test_a_trial_stored_by_an_earlier_version_reads_into_every_field():
 
 
 def test_a_trial_with_nothing_recorded_reads_as_the_defaults():
-    r = TrialRecord.from_trial(_stored_trial({"outcome": "crash", "engine_s": None, "metrics": None}))
+    r = record_of(_stored_trial({"outcome": "crash", "engine_s": None, "metrics": None}))
     assert r.outcome == "crash" and r.reason == "" and r.engine_cmd == () and r.metrics == {} and r.host is None
     assert not r.stale and r.origin == {} and r.kld_samples == [] and r.to_attrs() == {"outcome": "crash"}
-    assert TrialRecord.from_trial(_stored_trial({"later_version_attr": 1})).to_attrs() == {}  # unknown: left out
+    assert record_of(_stored_trial({"later_version_attr": 1})).to_attrs() == {}  # unknown: left out
     with pytest.raises(TypeError):  # the empty default every such record shares cannot be changed through one
         r.env["gpu_name"] = "H100"
 
@@ -172,7 +172,7 @@ def test_the_store_reads_and_writes_records_on_a_study():
     study_store = Store(study)
     study_store.enqueue({"x": 1}, label="informed: neighbour", fit_tensor_split="1/2")
     trial = study.ask({"x": IntDistribution(0, 2)})
-    asked = TrialRecord.from_trial(trial)
+    asked = record_of(trial)
     assert asked.state == TrialState.RUNNING and asked.label == "informed: neighbour" and asked.params == {"x": 1}
     write_trial(trial, host=TrialHost("box", 1), tg_samples=(1.0, 2.0), outcome="ok")
     assert trial.user_attrs["host"] == {"hostname": "box", "pid": 1, "hardware_class": "",

@@ -22,6 +22,14 @@ def test_only_the_store_touches_optuna_attributes():
     assert not found, "\n".join(found)
 
 
+def test_user_attributes_are_read_and_written_in_one_module():
+    """Inside store/, too, only the Store's module (store/trials.py) touches them: the records only decode them."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).as_posix() != "store/trials.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if "user_attr" in line]
+    assert not found, "\n".join(found)
+
+
 def test_the_check_sees_each_way_of_touching_them(tmp_path):
     package = tmp_path / "pkg"
     (package / "store").mkdir(parents=True)
