@@ -2,9 +2,16 @@
 
 Each seed draws a model layout (layers, bytes per layer), a machine (bandwidths, thread scaling, whole-layer
 cost), a memory slope and overhead, a knob space (which secondary knobs, which values), a random effect of every
-knob value on tg and pp, random pairwise interactions and per-row noise; speeds follow the performance model's
-form (autoinfer.search.performance) and peaks the memory model's terms (autoinfer.model.placement) with the
-random slopes. Not measurements: the search must not be tuned on them, only judged.
+knob value on tg and pp (on pp only for the knobs in DECODE_BLIND, none for PATTERN_ONLY), random pairwise
+interactions and per-row noise; speeds follow the performance model's form (autoinfer.model.performance) and
+peaks the memory model's terms (autoinfer.model.placement) with the random slopes. Not measurements: the search
+must not be tuned on them, only judged.
+
+A peak is a function of the configuration, as measured: rows of the H100 tables that differ only in threads or
+load mode have the same peak to the MiB. (An earlier version added 20 MiB of noise per row, which made a
+placement at the budget's edge fit or not by chance, for one knob combination and not its neighbour: nothing a
+memory model can learn, and nothing llama.cpp does.) The speeds' noise is per row and per repetition; measured
+rows scatter more (benchmarks/table_structure.py).
 """
 
 from __future__ import annotations
@@ -20,6 +27,15 @@ from autoinfer.engines.replay import shape_path
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.shape import ModelShape, TensorBytes
+
+# Knobs with no effect of their own on decode speed: a decode step is one token, so the micro-batch size changes
+# the prompt's speed and the compute buffer (memory, hence the placement), not the step (measured at a fixed
+# placement: ubatch moved tg by +3.0 ± 3.6% and +0.9 ± 5.5%, benchmarks/table_structure.py).
+DECODE_BLIND = ("ubatch",)
+# Knobs that act only through the CPU-side time (cpu_pattern below): the placement pattern chooses which layers'
+# experts sit in RAM, so with none there it changes nothing (the same tensors on the same devices), and a random
+# effect of its own on every row would make identical configurations differ.
+PATTERN_ONLY = ("placement",)
 
 
 def random_shape(rng: np.random.Generator) -> ModelShape:
@@ -68,6 +84,16 @@ def random_space(rng: np.random.Generator, n_layers: int) -> dict[str, list]:
     return space
 
 
+def _names(key: str | tuple[str, str]) -> tuple[str, ...]:
+    """The knobs of an effect's key: one knob, or the pair of an interaction."""
+    return (key,) if isinstance(key, str) else key
+
+
+def noise_free_path(table: Path) -> Path:
+    """The sidecar with each row's tg and pp before noise (same row order), which only a generator can know."""
+    return table.with_name(table.stem + ".noise-free.csv")
+
+
 def synthetic_table(folder: Path, seed: int) -> Path:
     """Write synthetic-<seed>.csv (+ .shape.json and .meta.json with the budgets it allows) into folder."""
     rng = np.random.default_rng(1000 + seed)
@@ -84,12 +110,13 @@ def synthetic_table(folder: Path, seed: int) -> Path:
               "offload_copy": rng.uniform(0.0, 1.2)}
     overhead = rng.uniform(200, 900)
     # random effects of knob values (log-scale), pattern effects on the CPU-side time, pairwise interactions
-    effects = {k: {str(v): rng.normal(0, rng.choice([0.01, 0.03, 0.06])) for v in space[k]} for k in knobs}
+    random = [k for k in knobs if k not in PATTERN_ONLY]
+    effects = {k: {str(v): rng.normal(0, rng.choice([0.01, 0.03, 0.06])) for v in space[k]} for k in random}
     cpu_pattern = {p: rng.uniform(0.85, 1.15) for p in space["placement"]}
-    pairs = [tuple(p) for p in itertools.combinations(knobs, 2) if rng.random() < 0.4]
+    pairs = [tuple(p) for p in itertools.combinations(random, 2) if rng.random() < 0.4]
     inter = {(a, b): {(str(x), str(y)): rng.normal(0, 0.03) for x in space[a] for y in space[b]} for a, b in pairs}
     noise = rng.uniform(0.01, 0.04)
-    rows = []
+    rows, noise_free = [], []
     names = list(space)
     for values in itertools.product(*(space[n] for n in names)):
         params = dict(zip(names, values))
@@ -99,22 +126,25 @@ def synthetic_table(folder: Path, seed: int) -> Path:
         thread_factor = (1 + thread_k / threads) * (1 + thread_slow * max(0.0, threads - thread_sat) / thread_sat)
         t = (t0 + cpu_s_gb * f.cpu_gb * thread_factor * cpu_pattern[params["placement"]] + gpu_s_gb * f.gpu_gb
              + whole_s * f.cpu_layers)
-        log_effect = sum(effects[k][str(params[k])] for k in knobs)
-        log_effect += sum(inter[(a, b)][(str(params[a]), str(params[b]))] for a, b in pairs)
-        tg = np.exp(log_effect) / t
+        log_effect = {k: effects[k][str(params[k])] for k in random}
+        log_effect.update({(a, b): inter[(a, b)][(str(params[a]), str(params[b]))] for a, b in pairs})
+        tg = np.exp(sum(v for k, v in log_effect.items() if not set(DECODE_BLIND) & set(_names(k)))) / t
         ub = f.ubatch
         copy = (1.0 if params.get("load_mode", "none") == "none" else 4.0) / 25
-        pp = np.exp(0.5 * log_effect) / (1 / 9000 + copy * f.cpu_total_gb / ub + whole_s * f.cpu_layers / 20)
+        pp = np.exp(0.5 * sum(log_effect.values())) / (1 / 9000 + copy * f.cpu_total_gb / ub
+                                                       + whole_s * f.cpu_layers / 20)
         parts = memory.predict(config).parts
-        vram = sum(slopes[k] * parts[k] for k in slopes) + overhead + rng.normal(0, 20)
+        vram = sum(slopes[k] * parts[k] for k in slopes) + overhead  # a peak is deterministic (table_structure.py)
         tg_s = tg * np.exp(rng.normal(0, noise, 3)) * np.exp(rng.normal(0, noise))
         pp_s = pp * np.exp(rng.normal(0, 2 * noise, 3))
         rows.append({**params, "tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
                      "tg_samples": " ".join(f"{v:.3f}" for v in tg_s),
                      "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)})
+        noise_free.append({"tg": float(tg), "pp": float(pp)})
     df = pd.DataFrame(rows)
     path = Path(folder) / f"synthetic-{seed}.csv"
     df.to_csv(path, index=False)
+    pd.DataFrame(noise_free).to_csv(noise_free_path(path), index=False)
     shape_path(path).write_text(shape.to_json())
     low, high = df["vram_mib"].min(), df["vram_mib"].max()
     budgets = [b for b in (8192, 12288, 16384) if low < b < high]

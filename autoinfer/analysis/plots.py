@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from autoinfer import atomic  # noqa: E402
 from autoinfer.analysis import fits as F  # noqa: E402
@@ -80,6 +81,40 @@ def pareto(rows: pd.DataFrame, budget_mib: float | None, budget_source: str, out
     ax.set_title("Speed vs device memory")
     ax.legend(fontsize=8)
     return _save(fig, out, "pareto_vram")
+
+
+def tg_pp_front(points: pd.DataFrame, budget_mib: float | None, recommended: int | None, out: Path) -> Path:
+    """Generation against prompt tok/s of the configurations within the budget, on log axes (where a campaign objective
+    tg^(1-w)·pp^w is a straight line), the front no trial beats on both, each front point labelled with the prompt
+    weights w it is best for, and the recommendation marked. `points`: trial, tg, pp, front, w_low, w_high.
+    SVG groups `trials`, `front` and `recommendation` hold the drawn points (so a reader or a test finds them)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter(points["pp"], points["tg"], s=14, color="0.6", label="configurations within the budget", gid="trials")
+    front = points[points["front"]].sort_values("pp")
+    ax.plot(front["pp"], front["tg"], color="C2", lw=1)
+    ax.scatter(front["pp"], front["tg"], s=30, color="C2", label="front: none faster on both", gid="front")
+    for i, (_, r) in enumerate(front.iterrows()):
+        weights = (f"best for w {r['w_low']:.2f}–{r['w_high']:.2f}" if np.isfinite(r["w_low"])
+                   else "best for no weight")
+        ax.annotate(f"trial {int(r['trial'])}: {weights}", (r["pp"], r["tg"]), xytext=(5, 5 if i % 2 else -11),
+                    textcoords="offset points", fontsize=7)  # alternating sides: neighbours are often close
+    rec = points[points["trial"] == recommended]
+    if len(rec):
+        ax.scatter(rec["pp"], rec["tg"], s=160, marker="*", color="C3", zorder=3,
+                   label=f"recommended (trial {recommended})", gid="recommendation")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.margins(x=0.15, y=0.08)  # room for the labels of the points at the edges
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1-2-5 steps
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("prompt processing (pp tok/s)")
+    ax.set_ylabel("generation (tg tok/s)")
+    within = f"within {budget_mib:.0f} MiB" if budget_mib else "(no memory budget)"
+    ax.set_title(f"Generation vs prompt {within}; objective tg^(1-w)·pp^w")
+    ax.legend(fontsize=8)
+    return _save(fig, out, "tg_pp_front")
 
 
 def history(frame: pd.DataFrame, out: Path) -> Path:

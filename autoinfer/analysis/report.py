@@ -24,7 +24,7 @@ from autoinfer.analysis.dataset import config_table, load_frame, ok_rows
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import DEFAULT_THREADS
-from autoinfer.search.pareto import points, tg_pp_front
+from autoinfer.search.pareto import configurations, pp_weights, tg_pp_front
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.drift import flagged_trials
@@ -273,6 +273,10 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
                                                         fitset.fits.get("bandwidth"), out)
     if ok["vram_peak_mib"].notna().any():
         figures["pareto_vram"] = plots.pareto(ok, *_budget(study, frame), out)
+    workload, budget = _workload(study)
+    if workload["front"].sum() >= 2:
+        figures["tg_pp_front"] = plots.tg_pp_front(workload, budget, _recommended_row(workload, recommend(study)),
+                                                   out)
     if np.isfinite(frame["value"].astype(float)).any():
         figures["history"] = plots.history(frame, out)
     if fitset.threads:
@@ -399,26 +403,57 @@ def _classes_section(classes: ClassComparison | None) -> list[str]:
                          for _, r in classes.shared.iterrows()]), ""]
 
 
-def _workload_section(study: optuna.Study, rec: Recommendation | None) -> list[str]:
-    """The generation-vs-prompt front within the memory budget, the recommendation marked: a prompt-heavy workload
-    weighs pp more and may pick another point of it."""
+def _workload(study: optuna.Study) -> tuple[pd.DataFrame, float | None]:
+    """The configurations within the memory budget (each once, its trials pooled, drift-flagged trials left out)
+    with their tg and pp medians, whether they are on the generation-vs-prompt front, and the prompt weights each
+    front point is best for; and the budget."""
     campaign = stored_campaign(study)
     budget = campaign.constraints.vram_mib if campaign else None
-    flagged = flagged_trials(study)
-    pts = tg_pp_front([p for p in points(study) if p.trial.number not in flagged], budget)
-    if len(pts) < 2:
+    within = [(p, trials) for p, trials in configurations(study, flagged_trials(study))
+              if budget is None or p.mem_mib <= budget]
+    front = tg_pp_front([p for p, _ in within], budget)
+    on = [p.trial.number for p in front]
+    weights = pp_weights(front)
+    rows = []
+    for p, trials in sorted(within, key=lambda c: on.index(c[0].trial.number) if c[0].trial.number in on else len(on)):
+        w_low, w_high = weights.get(p.trial.number, (math.nan, math.nan))
+        rows.append({"trial": p.trial.number, "trials": trials, "tg": p.tg, "pp": p.pp, "mem_mib": p.mem_mib,
+                     "front": p.trial.number in on, "w_low": w_low, "w_high": w_high})
+    columns = ["trial", "trials", "tg", "pp", "mem_mib", "front", "w_low", "w_high"]
+    return pd.DataFrame(rows, columns=columns), budget
+
+
+def _recommended_row(workload: pd.DataFrame, rec: Recommendation | None) -> int | None:
+    """The first trial of the recommended configuration, as the workload frame names it."""
+    if rec is None:
+        return None
+    return next((int(r["trial"]) for _, r in workload.iterrows() if rec.trial in r["trials"]), None)
+
+
+def _workload_section(analysis: Analysis, study: optuna.Study, rec: Recommendation | None) -> list[str]:
+    """The generation-vs-prompt front within the memory budget, the recommendation marked: a prompt-heavy workload
+    weighs pp more and may pick another point of it."""
+    workload, budget = _workload(study)
+    front = workload[workload["front"]]
+    if len(front) < 2:
         return []
+    marked = _recommended_row(workload, rec)
     within = f"within the budget of {budget:.0f} MiB" if budget else "(no memory budget set)"
-    rows = [[p.trial.number, p.tg, p.pp, p.mem_mib, (p.tg * p.pp) ** 0.5,
-             "recommended" if rec is not None and p.trial.number == rec.trial else ""] for p in pts]
-    note = ("" if rec is None or any(p.trial.number == rec.trial for p in pts) else
-            f" The recommendation (trial {rec.trial}) is not on this front: its trial's own medians are beaten on "
-            "both by another trial, while the recommendation judges each configuration on all of its runs.")
+    rows = [[", ".join(map(str, r["trials"])), r["tg"], r["pp"], r["mem_mib"], (r["tg"] * r["pp"]) ** 0.5,
+             f"{r['w_low']:.2f}–{r['w_high']:.2f}" if np.isfinite(r["w_low"]) else "none",
+             "recommended" if r["trial"] == marked else ""] for _, r in front.iterrows()]
+    note = ("" if rec is None or marked in set(front["trial"]) else
+            f" The recommendation (trial {rec.trial}) is not on this front: its configuration's medians are beaten "
+            "on both by another, while the recommendation judges each configuration on its trustworthy runs "
+            "(confirmation runs where it was confirmed).")
     return ["## Generation vs prompt processing", "",
-            f"Configurations {within} that no other beats on both generation (tg) and prompt (pp) tok/s. The "
-            "campaign's objective weighs them as `objective:` says; a prompt-heavy workload can pick a point with "
-            f"more pp: `autoinfer export --study {study.study_name} --objective pp` (or `balanced`)." + note, "",
-            _table(["trial", "tg tok/s", "pp tok/s", "peak MiB", "sqrt(tg·pp)", ""], rows), ""]
+            f"Configurations {within} that no other beats on both generation (tg) and prompt (pp) tok/s (each "
+            "configuration once, the samples of all its trials pooled). The campaign's objective weighs them as "
+            "`objective:` says; a workload that weighs prompts by w (`objective: {tg: 1-w, pp: w}`) is served best "
+            "by the front point whose range holds w, and can pick it: "
+            f"`autoinfer export --study {study.study_name} --objective pp` (or `balanced`)." + note, "",
+            _table(["trials", "tg tok/s", "pp tok/s", "peak MiB", "sqrt(tg·pp)", "best for pp weight w", ""], rows),
+            "", _figure(analysis, "tg_pp_front", "generation vs prompt tok/s within the budget"), ""]
 
 
 def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str, Any] | None,
@@ -488,7 +523,7 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
 
     md += ["## Memory", "", _figure(analysis, "pareto_vram", "Pareto front tok/s vs VRAM")
            or "No trial recorded its device memory.", ""]
-    md += _workload_section(study, rec)
+    md += _workload_section(analysis, study, rec)
 
     md += ["## Threads", ""]
     if fitset.threads:

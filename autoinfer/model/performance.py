@@ -2,14 +2,18 @@
 
 Decode reads every active weight once per token, so seconds per token are a sum of bytes over bandwidths:
 
-    1/tg = t0 + a·cpu_gb + b·cpu_gb/threads + c·gpu_gb + d·cpu_layers
+    1/tg = t0 + a·cpu_gb + b·cpu_gb/threads + e·cpu_gb·threads + c·gpu_gb + d·cpu_layers
 
 with `cpu_gb`/`gpu_gb` the weights one token reads on each side, `cpu_layers` the repeating layers kept whole on
-the CPU (their attention and recurrent state also run there, which bytes alone do not capture) and the threads
-term for CPU-side work that splits over threads. Prompt processing copies host-resident weights to the GPU once
-per ubatch (op offload) and computes the rest per token:
+the CPU (their attention and recurrent state also run there, which bytes alone do not capture), and two threads
+terms for the CPU-side work: it splits over the threads (b/threads), and every thread adds synchronisation and
+contention (e·threads: each op ends in a barrier all threads must reach; on a host with fewer free cores than
+threads, a descheduled thread stalls the others). Together the work per GB costs a + b/T + e·T, fastest at
+T = sqrt(b/e), slower past it (cpu-tiny.csv: two threads 10-40× slower than one on a loaded two-core host).
+Prompt processing copies host-resident weights to the GPU once per ubatch (op offload) and computes the rest per
+token:
 
-    1/pp = p0 + q·cpu_total_gb/ubatch + r·cpu_gb/threads + s·gpu_gb + u·cpu_layers
+    1/pp = p0 + q·cpu_total_gb/ubatch + r·cpu_gb/threads + v·cpu_gb·threads + s·gpu_gb + u·cpu_layers
 
 All coefficients are non-negative and fitted by NNLS on relative error (y·ŷ⁻¹ ≈ 1, the bandwidth fit's loss), so
 a fit never says that more weights on the CPU is faster. The search starts from physical priors (PCIe- and
@@ -32,13 +36,16 @@ from autoinfer.trial_config import TrialConfig
 
 GB = 1e9
 DEFAULT_THREADS = 8  # llama.cpp uses the physical cores; a configuration that does not say gets this in the features
-TG_TERMS = ("t0_s", "cpu_s_per_gb", "cpu_thread_s_per_gb", "gpu_s_per_gb", "cpu_layer_s")
-PP_TERMS = ("p0_s", "copy_s_per_gb_ubatch", "cpu_thread_s_per_gb", "gpu_s_per_gb", "cpu_layer_s")
+TG_TERMS = ("t0_s", "cpu_s_per_gb", "cpu_thread_s_per_gb", "cpu_sync_s_per_gb_thread", "gpu_s_per_gb", "cpu_layer_s")
+PP_TERMS = ("p0_s", "copy_s_per_gb_ubatch", "cpu_thread_s_per_gb", "cpu_sync_s_per_gb_thread", "gpu_s_per_gb",
+            "cpu_layer_s")
 # Priors (seconds): ~250 tok/s with everything on a datacentre GPU, ~40 GB/s of DRAM for CPU-side experts, a whole
 # layer on the CPU costs about a millisecond per token (benchmarks/results anchors); prompt: ~10k tok/s on the GPU,
-# ~25 GB/s of PCIe per ubatch copy.
-TG_PRIOR = (1 / 250, 1 / 40, 1 / 80, 1 / 3000, 1e-3)
-PP_PRIOR = (1 / 10000, 1 / 25, 1 / 4000, 1 / 50000, 2e-5)
+# ~25 GB/s of PCIe per ubatch copy. The synchronisation prior puts the best thread count at 16 (sqrt(b/e)), a
+# server's physical cores.
+SYNC_OPTIMUM_THREADS = 16
+TG_PRIOR = (1 / 250, 1 / 40, 1 / 80, 1 / 80 / SYNC_OPTIMUM_THREADS ** 2, 1 / 3000, 1e-3)
+PP_PRIOR = (1 / 10000, 1 / 25, 1 / 4000, 1 / 4000 / SYNC_OPTIMUM_THREADS ** 2, 1 / 50000, 2e-5)
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,12 @@ class Features:
     ubatch: float
 
     def tg_row(self) -> np.ndarray:
-        return np.array([1.0, self.cpu_gb, self.cpu_gb / self.threads, self.gpu_gb, self.cpu_layers])
+        return np.array([1.0, self.cpu_gb, self.cpu_gb / self.threads, self.cpu_gb * self.threads, self.gpu_gb,
+                         self.cpu_layers])
 
     def pp_row(self) -> np.ndarray:
-        return np.array([1.0, self.cpu_total_gb / self.ubatch, self.cpu_gb / self.threads, self.gpu_gb,
-                         self.cpu_layers])
+        return np.array([1.0, self.cpu_total_gb / self.ubatch, self.cpu_gb / self.threads,
+                         self.cpu_gb * self.threads, self.gpu_gb, self.cpu_layers])
 
 
 def features_of(shape: ModelShape, config: TrialConfig, gpu: bool = True) -> Features:

@@ -10,16 +10,23 @@
    predictions the next trial bisects the placements still unknown.
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
    are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
-   (a larger ubatch or KV cache needs room). An improvement moves the incumbent and the moves restart from it.
+   (a larger ubatch or KV cache needs room). Each move's chance to beat the incumbent comes from the performance
+   model's ratio for its placement times the knob effects learned from every trial so far (search/effects.py:
+   a mean and a standard deviation); a move is measured while that chance is above GATE (16%: one standard
+   deviation short, KAPPA), the likeliest first. A value never measured is expected to do what a typical value
+   of its knob does, with the prior's spread; a move already measured worse from an earlier incumbent is not
+   measured again, nor one whose re-fitted placement costs more than the knobs can win back. An improvement
+   moves the incumbent and the moves restart from it.
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
    whole-layer placement is faster.
-4. Pairs. When every single move from the incumbent is measured, two knobs change at once where the single moves'
-   measured ratios multiply to a tie or better (effects that add in log-speed, interactions found by measuring).
-5. Again. An incumbent measured once that no move or pair beat is measured once more (tagged `again_of`): one
-   lucky measurement would otherwise end the search. A configuration's score pools the samples of all its trials.
-6. Grid. Then the other combinations of the knobs at the boundary, most promising first by the product of the
-   single moves' measured ratios (knobs can interact too strongly for single moves and pairs to show it), where
-   the space has at most GRID_MAX of them.
+4. Model. Then the combination of knob values at the boundary most likely to beat the incumbent, while that
+   chance is above GATE (knobs that help alone help together; where they do not, measuring says so and the
+   model learns it).
+5. Again. An incumbent measured once that no move or combination beat is measured once more (tagged
+   `again_of`): one lucky measurement would otherwise end the search. A configuration's score pools the samples
+   of all its trials.
+6. Grid. Then the other combinations of the knobs at the boundary, the likeliest to beat the incumbent first,
+   where the space has at most GRID_MAX of them.
 7. When every combination at the boundary has been measured the campaign's sampler (TPE) takes over. A
    configuration already measured is answered from its measurement, not run again (sweep/repeats.py).
 """
@@ -42,6 +49,7 @@ from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import cpu_expert_layers, cpu_layers
+from autoinfer.search.effects import KnobEffects
 from autoinfer.search.informed import SAMPLED, SearchAid, _typical
 from autoinfer.store import trials as store
 from autoinfer.store.trials import Store, record_of, write_trial
@@ -56,7 +64,9 @@ MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 DEVICE_NEUTRAL = frozenset({"load_mode", "repack"})  # change host buffers, not the GPU's
 BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next trial bisects instead
 PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
-TIE = 0.95  # a pair of moves predicted within this ratio of the incumbent is worth a measurement (run-to-run noise)
+KAPPA = 1.0  # standard deviations of the model's prediction a candidate may fall short and still be measured
+GATE = 0.5 * math.erfc(KAPPA / math.sqrt(2))  # the same as a chance to beat the incumbent (16%)
+DEFAULT_LOG_SD = 0.03  # spread of one trial's log median where it has too few samples to say (run-to-run noise)
 LONG_AXIS = 6  # an ordered knob with more values than this moves a quarter of its range first
 GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before leaving it to TPE
 
@@ -87,6 +97,8 @@ class Seen:
     pp: float | None = None
     reason: str = ""
     runs: int = 1  # measured trials of this configuration whose samples the score pools
+    log_var: float | None = None  # variance of log(score) from the pooled samples' spread (None: too few)
+    evidence: float | None = None  # what the models learn from: the score, or a pruned trial's first repetition
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,7 @@ class Boundary:
         self.knobs = sorted((n for n in dists if n not in self.share), key=lambda n: (rank.get(n, len(rank)), n))
         self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if aid.side == "device" else frozenset())
         self.sampler = campaign.sampler.name
+        self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
@@ -159,6 +172,7 @@ class Boundary:
         tried = [s.params for s in seen] + [t.params for t in study.get_trials(
             deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
         self._calibrate(seen)
+        self._memo = {}
         scored = [s for s in seen if s.score is not None]
         incumbent = max(scored, key=lambda s: s.score) if scored else None
         base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._typical()
@@ -166,100 +180,106 @@ class Boundary:
             at = self._boundary(base, seen)
             if at is not None and {**at.params, **base} not in tried:
                 return Choice({**at.params, **base}, at.reason)
-        origin = f"trial {incumbent.number}" if incumbent else "the start"
-        for knob in self._order(incumbent):
-            for value in self._moves(knob, base[knob]):
-                knobs = {**base, knob: value}
-                reason = f"local: {knob} {base[knob]} → {value} from {origin}"
-                params = knobs
-                if self.share:
-                    at = self._boundary(knobs, seen)
-                    if at is None:
-                        continue
-                    params = {**at.params, **knobs}
-                    reason += f" ({at.reason})"
-                if params not in tried:
-                    return Choice(params, reason)
-        if incumbent is None:
+        if incumbent is None:  # nothing measured yet to compare with: the moves from the start, in order
+            for knob in self.knobs:
+                for value in self._moves(knob, base[knob]):
+                    params, why = self._at_boundary({**base, knob: value}, seen)
+                    if params is not None and params not in tried:
+                        return Choice(params, f"local: {knob} {base[knob]} → {value} from the start{why}")
             return None
-        pair = self._pair(incumbent, base, seen, tried)
-        if pair is not None:
-            return pair
-        moves = [m for m in seen if m.score is not None and m.params != incumbent.params
-                 and sum(m.params.get(k) != incumbent.params.get(k) for k in self.knobs) == 1]
+        effects = self._effects(seen)
+        local = self._local(incumbent, base, seen, tried, effects)
+        if local is not None:
+            return local
+        combos = sorted(self._combinations(incumbent, seen, tried, effects), key=lambda c: -_chance(c[1], c[2]))
+        if combos and _chance(combos[0][1], combos[0][2]) > GATE:
+            params, gain, sd, why = combos[0]
+            return Choice(params, f"model: the combination at the boundary most likely to beat trial "
+                                  f"{incumbent.number} ({_chance(gain, sd):.0%}), predicted ×{math.exp(gain):.2f} ± "
+                                  f"{sd:.2f} by the effects of {effects.n} configurations{why}")
+        moves = [m for m in seen if m.score is not None and m.params != incumbent.params]
         if incumbent.runs == 1 and moves:  # compared with measured moves: a lucky first measurement would end it
-            return Choice(incumbent.params, f"again: no single move or pair from trial {incumbent.number} measured "
-                                            "better, so it is measured once more before the search leaves it (one "
-                                            "lucky measurement would otherwise end the local search)",
-                          incumbent.number)
-        return self._grid(incumbent, base, seen, tried)
-
-    def _grid(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
-        """The other combinations of the knobs at the boundary, most promising first (the product of the single
-        moves' measured ratios; a value never measured counts as a tie): knobs can interact too strongly for
-        single moves and pairs to show it (a larger ubatch slower alone, fastest with a quantized K cache), and
-        the boundary is where the fastest configurations are. Not for spaces too large to enumerate."""
-        if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
-            return None
-        ratio = self._single_moves(incumbent, base, seen)
-        measured = {tuple(p.get(k) for k in self.knobs) for p in tried}  # at the boundary or anywhere else
-        combos = sorted((c for c in itertools.product(*(self.values[k] for k in self.knobs)) if c not in measured),
-                        key=lambda combo: -math.prod(ratio.get((k, v), 1.0) for k, v in zip(self.knobs, combo)))
-        for combo in combos:
-            knobs = dict(zip(self.knobs, combo))
-            at = self._boundary(knobs, seen) if self.share else None
-            if self.share and at is None:
-                continue
-            params = {**at.params, **knobs} if at else knobs
-            if params not in tried:
-                predicted = math.prod(ratio.get((k, v), 1.0) for k, v in zip(self.knobs, combo))
-                return Choice(params, f"grid: the next combination at the boundary from trial {incumbent.number}, "
-                                      f"predicted ×{predicted:.2f} by the single moves" + (f" ({at.reason})" if at else ""))
+            return Choice(incumbent.params, f"again: no move or combination the model expects to beat trial "
+                                            f"{incumbent.number} is left, so it is measured once more before the "
+                                            "search leaves it (one lucky measurement would otherwise end the local "
+                                            "search)", incumbent.number)
+        if combos:
+            params, gain, sd, why = combos[0]
+            return Choice(params, f"grid: the next combination at the boundary from trial {incumbent.number}, the "
+                                  f"most likely to beat it ({_chance(gain, sd):.0%}), predicted ×{math.exp(gain):.2f} "
+                                  f"± {sd:.2f}{why}")
         return None
 
-    def _single_moves(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen]) -> dict[tuple[str, Any], float]:
-        """(knob, value) → measured score ratio to the incumbent, for each move of one knob at its GPU share."""
-        share = {n: incumbent.params.get(n) for n in self.share}
-        out: dict[tuple[str, Any], float] = {}
-        for s in seen:
-            if s.score is None or any(s.params.get(n) != v for n, v in share.items()):
+    def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict],
+               effects: KnobEffects) -> Choice | None:
+        """The single move from the incumbent most likely to beat it, among those that may (module docstring)."""
+        moves = []
+        for rank, knob in enumerate(self.knobs):
+            for value in self._moves(knob, base[knob]):
+                params, why = self._at_boundary({**base, knob: value}, seen)
+                if params is None or params in tried:
+                    continue
+                gain, sd = self._gain(params, incumbent, effects)
+                chance = _chance(gain, sd)
+                if chance > GATE:  # chances within a percent are a tie: the knob order decides
+                    moves.append((-round(chance, 2), rank, knob, value, params, gain, sd, why))
+        if not moves:
+            return None
+        _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:2])
+        return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
+                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){why}")
+
+    def _combinations(self, incumbent: Seen, seen: list[Seen], tried: list[dict],
+                      effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
+        """Every combination of the knobs not measured yet, at its boundary, with the predicted log gain over the
+        incumbent and its standard deviation; none where the space is too large to enumerate."""
+        if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
+            return []
+        measured = {tuple(p.get(k) for k in self.knobs) for p in tried}  # at the boundary or anywhere else
+        out = []
+        for combo in itertools.product(*(self.values[k] for k in self.knobs)):
+            if combo in measured:
                 continue
-            moved = [k for k in self.knobs if s.params.get(k) != base[k]]
-            if len(moved) == 1:
-                out[(moved[0], s.params[moved[0]])] = s.score / incumbent.score
+            params, why = self._at_boundary(dict(zip(self.knobs, combo)), seen)
+            if params is not None and params not in tried:
+                out.append((params, *self._gain(params, incumbent, effects), why))
         return out
 
-    def _pair(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict]) -> Choice | None:
-        """Two knobs changed at once, once every single move from the incumbent is measured: the single moves'
-        measured ratios to the incumbent (same GPU share) predict each pair as their product (effects that add in
-        log-speed); pairs predicted within TIE of the incumbent or better are measured, the most promising first."""
-        effects: dict[str, list[tuple[Any, float]]] = {}
-        for (knob, value), ratio in self._single_moves(incumbent, base, seen).items():
-            effects.setdefault(knob, []).append((value, ratio))
-        pairs = sorted(((ra * rb, (a, va, ra), (b, vb, rb))
-                        for a, b in itertools.combinations(effects, 2)
-                        for va, ra in effects[a] for vb, rb in effects[b]), key=lambda p: -p[0])
-        for predicted, (a, va, ra), (b, vb, rb) in pairs:
-            if predicted < TIE:
-                break
-            knobs = {**base, a: va, b: vb}
-            at = self._boundary(knobs, seen) if self.share else None
-            if self.share and at is None:
-                continue
-            params = {**at.params, **knobs} if at else knobs
-            if params not in tried:
-                return Choice(params, f"pair: {a} → {va} (×{ra:.2f}) and {b} → {vb} (×{rb:.2f}) from trial "
-                                      f"{incumbent.number}, predicted ×{predicted:.2f}" + (f" ({at.reason})" if at else ""))
-        return None
+    def _at_boundary(self, knobs: dict[str, Any], seen: list[Seen]) -> tuple[dict[str, Any] | None, str]:
+        """The knobs with their GPU share (None where no share is possible) and the boundary's reason. Knobs that
+        use no memory (threads, …) do not move the boundary: one answer per proposal serves all their values."""
+        if not self.share:
+            return dict(knobs), ""
+        key = json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
+        if key not in self._memo:
+            self._memo[key] = self._boundary(knobs, seen)
+        at = self._memo[key]
+        return (None, "") if at is None else ({**at.params, **knobs}, f" ({at.reason})")
 
-    def _order(self, incumbent: Seen | None) -> list[str]:
-        """The knobs in move order, rotated so the knob that made the incumbent goes on first (a line search along
-        it) and the knobs after it follow, before those already tried from the previous incumbent."""
-        made = next((k for k in self.knobs if incumbent and incumbent.reason.startswith(f"local: {k} ")), None)
-        if made is None:
-            return list(self.knobs)
-        i = self.knobs.index(made)
-        return self.knobs[i:] + self.knobs[:i]
+    def _gain(self, params: dict[str, Any], incumbent: Seen, effects: KnobEffects) -> tuple[float, float]:
+        """Predicted log(score / incumbent's score) and its standard deviation: the performance model's ratio
+        for the two placements times the knob effects' ratio."""
+        config = self._config(params)
+        perf = self.perf.get(str(config.model))
+        ref = perf if incumbent.config is None else self.perf.get(str(incumbent.config.model))
+        placed = 0.0
+        if perf is not None and ref is not None and incumbent.config is not None:
+            placed = math.log(perf.score(config, self.weights)) - math.log(ref.score(incumbent.config, self.weights))
+        mean, sd = effects.diff({k: params.get(k) for k in self.knobs}, {k: incumbent.params.get(k) for k in self.knobs})
+        return placed + mean, sd
+
+    def _effects(self, seen: list[Seen]) -> KnobEffects:
+        """The knob effects fitted to every measured configuration's score over the performance model's."""
+        once = _configurations(seen)
+        known = [s.log_var for s in once if s.log_var is not None]
+        default = statistics.median(known) if known else DEFAULT_LOG_SD ** 2
+        observations = []
+        for s in once:
+            perf = self.perf.get(str(s.config.model))
+            predicted = perf.score(s.config, self.weights) if perf is not None else 1.0
+            observations.append(({k: s.params.get(k) for k in self.knobs}, math.log(s.evidence / predicted),
+                                 s.log_var if s.log_var is not None else default))
+        return KnobEffects({k: self.values[k] for k in self.knobs}).fit(observations)
 
     def _typical(self) -> dict[str, Any]:
         out = {}
@@ -415,20 +435,54 @@ class Boundary:
                 fits = peak <= budget
             else:
                 fits = None
+            evidence = score
+            if outcome == "pruned" and fits is not False:  # cut after a first repetition far below the best
+                samples = {k: t.samples(k) for k in ("tg", "pp")}
+                evidence = store.score(samples, weights)
             tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
             out.append(Seen(t.number, dict(t.params), score, fits, t.predicted_mib, config, tg, pp,
-                            str(t.search_reason or ""), runs.get(_key(t.params), 1)))
+                            str(t.search_reason or ""), runs.get(_key(t.params), 1),
+                            self._log_var(samples) if samples else None, evidence))
         return out
 
+    def _log_var(self, samples: dict[str, list[float]]) -> float | None:
+        """Variance of the log score from the samples' spread (of a mean; the median is close enough)."""
+        total = 0.0
+        for kind, w in self.weights.items():
+            values = [v for v in samples.get(kind) or [] if v > 0]
+            if len(values) < 2:
+                return None
+            total += w * w * statistics.variance([math.log(v) for v in values]) / len(values)
+        return total
+
     def _calibrate(self, seen: list[Seen]) -> None:
-        """Refit each model's performance model to the OK trials' medians, towards its priors."""
+        """Refit each model's performance model to the OK trials' medians (and pruned trials' first repetition),
+        towards its priors."""
         by_path: dict[str, list[tuple[TrialConfig, float | None, float | None]]] = {}
-        once = {_key(s.params): s for s in seen if s.score is not None and s.config is not None}  # pooled already
-        for s in once.values():
+        for s in _configurations(seen):
             by_path.setdefault(str(s.config.model), []).append((s.config, s.tg, s.pp))
         for path, observations in by_path.items():
             if path in self.perf:
                 self.perf[path].calibrate(observations)
+
+
+def _configurations(seen: list[Seen]) -> list[Seen]:
+    """One Seen per configuration the models can learn from: its pooled score where a trial of it succeeded, else a
+    pruned trial's first repetition."""
+    out: dict[str, Seen] = {}
+    for s in seen:
+        if s.evidence is not None and s.config is not None:
+            kept = out.get(_key(s.params))
+            if kept is None or (kept.score is None and s.score is not None):
+                out[_key(s.params)] = s
+    return list(out.values())
+
+
+def _chance(gain: float, sd: float) -> float:
+    """Probability that a candidate beats the incumbent, from the predicted log gain and its standard deviation."""
+    if sd <= 0:
+        return 1.0 if gain > 0 else 0.0
+    return 0.5 * math.erfc(-gain / (sd * math.sqrt(2)))
 
 
 def _key(params: dict[str, Any]) -> str:

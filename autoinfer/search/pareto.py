@@ -7,6 +7,7 @@ study (StudyRecord.pareto_front: trial numbers) after every trial.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -68,6 +69,24 @@ def points(study: optuna.Study) -> list[Point]:
     return out
 
 
+def configurations(study: optuna.Study, leave_out: set[int] | frozenset[int] = frozenset()) -> list[tuple[Point, list[int]]]:
+    """Each configuration once, as the recommendation judges it: the medians of the samples of all its feasible
+    successful trials (but those left out), its largest peak and its first trial; with all its trial numbers."""
+    groups: dict[str, list[TrialRecord]] = {}
+    for p in points(study):
+        if p.trial.number not in leave_out:
+            groups.setdefault(json.dumps(p.trial.params, sort_keys=True, default=str), []).append(p.trial)
+    out = []
+    for trials in groups.values():
+        trials.sort(key=lambda t: t.number)
+        tg = [v for t in trials for v in t.samples("tg")]
+        pp = [v for t in trials for v in t.samples("pp")]
+        mem = max(peak_mib(t.vram_peak_mib, t.rss_peak_mib) for t in trials)
+        out.append((Point(trials[0], statistics.median(tg) if tg else 0.0, statistics.median(pp) if pp else 0.0,
+                          float(mem)), [t.number for t in trials]))
+    return out
+
+
 def front(study: optuna.Study) -> list[Point]:
     """Non-dominated feasible successful trials, by ascending memory."""
     pts = points(study)
@@ -83,6 +102,21 @@ def tg_pp_front(pts: list[Point], budget_mib: float | None) -> list[Point]:
         return any(q.tg >= p.tg and q.pp >= p.pp and (q.tg > p.tg or q.pp > p.pp) for q in fit)
 
     return sorted((p for p in fit if not beaten(p)), key=lambda p: -p.tg)
+
+
+def pp_weights(pts: list[Point], steps: int = 1000) -> dict[int, tuple[float, float]]:
+    """For each point (trial number), the prompt weights w in [0, 1] for which it scores best on
+    tg^(1-w) · pp^w (the campaign objective {tg: 1-w, pp: w}), as (lowest, highest) on a grid of `steps`; points
+    best for no weight are left out (inside the front's hull)."""
+    out: dict[int, tuple[float, float]] = {}
+    usable = [p for p in pts if p.tg > 0 and p.pp > 0]
+    for i in range(steps + 1):
+        w = i / steps
+        best = max(usable, key=lambda p: (1 - w) * math.log(p.tg) + w * math.log(p.pp), default=None)
+        if best is not None:
+            low, _ = out.get(best.trial.number, (w, w))
+            out[best.trial.number] = (low, w)
+    return out
 
 
 def remember(study: optuna.Study) -> None:

@@ -37,11 +37,21 @@ class StrategyResult:
     skipped: tuple[int, ...]  # records made without a measurement per seed (predicted infeasible, repeats)
     wall_s: float
     budget: int  # measured-trial budget of each run
+    #: per seed, trials until a row within 98% of the best noise-free value (tables whose generator knows it)
+    trials_needed_noise_free: tuple[int | None, ...] | None = None
 
     @property
     def median(self) -> float:
         """Median trials needed; a seed that never reached the target counts as budget + 1."""
-        return statistics.median(n if n is not None else self.budget + 1 for n in self.trials_needed)
+        return _median(self.trials_needed, self.budget)
+
+    @property
+    def median_noise_free(self) -> float | None:
+        return None if self.trials_needed_noise_free is None else _median(self.trials_needed_noise_free, self.budget)
+
+
+def _median(needed: tuple[int | None, ...], budget: int) -> float:
+    return statistics.median(n if n is not None else budget + 1 for n in needed)
 
 
 def _space(df: pd.DataFrame, params: list[str]) -> dict:
@@ -61,9 +71,11 @@ def _space(df: pd.DataFrame, params: list[str]) -> dict:
     return space
 
 
-def truth(df: pd.DataFrame, objective: str, budget_mib: float | None) -> pd.Series:
-    """The table's objective per row (NaN where infeasible or failed)."""
-    score = df[objective] if objective in ("tg", "pp") else (df["tg"] * df["pp"]) ** 0.5
+def truth(df: pd.DataFrame, objective: str, budget_mib: float | None, values: pd.DataFrame | None = None) -> pd.Series:
+    """The table's objective per row (NaN where infeasible or failed); from `values` (tg/pp per row, e.g. a
+    generator's noise-free ones) instead of the table's own columns when given."""
+    values = df if values is None else values
+    score = values[objective] if objective in ("tg", "pp") else (values["tg"] * values["pp"]) ** 0.5
     ok = df["outcome"].fillna("ok").eq("ok") if "outcome" in df else pd.Series(True, index=df.index)
     mem = df["vram_mib"] if "vram_mib" in df else df.get("rss_mib")
     if budget_mib is not None and mem is not None:
@@ -87,8 +99,10 @@ def _scratch_results() -> Iterator[None]:
 
 
 def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
-            objective: str = "tg") -> tuple[list[StrategyResult], float]:
-    """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value."""
+            objective: str = "tg", noise_free: pd.DataFrame | None = None) -> tuple[list[StrategyResult], float]:
+    """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value. With
+    `noise_free` (tg/pp of every row before noise, as a synthetic table's generator knows them) each run is also
+    scored against 98% of the best feasible noise-free value, which no lucky row can lift."""
     import time
 
     from autoinfer.campaign.spec import parse_campaign
@@ -110,12 +124,15 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     if target.notna().sum() == 0:
         raise UserError(f"no row of {table} is feasible within {budget_mib} MiB; raise --budget-mib")
     best = float(target.max())
+    reference = truth(df, objective, budget_mib, noise_free) if noise_free is not None else None
+    if reference is not None and len(noise_free) != len(df):
+        raise UserError(f"noise-free values for {table} have {len(noise_free)} rows, the table {len(df)}")
     memory_key = "vram_mib" if "vram_mib" in df else "ram_mib"
     constraints = {} if budget_mib is None else {memory_key if memory_key == "vram_mib" else "ram_mib": budget_mib}
     results = []
     with _scratch_results():
         for strategy in strategies:
-            needed, skipped = [], []
+            needed, skipped, needed_free = [], [], []
             started = time.monotonic()
             for seed in range(seeds):
                 campaign = parse_campaign({
@@ -134,8 +151,10 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
                 n, skip = _trials_to_target(result.study, target, TARGET * best)
                 needed.append(n)
                 skipped.append(skip)
+                if reference is not None:
+                    needed_free.append(_trials_to_target(result.study, reference, TARGET * reference.max())[0])
             results.append(StrategyResult(strategy, tuple(needed), tuple(skipped), time.monotonic() - started,
-                                          trials))
+                                          trials, tuple(needed_free) if reference is not None else None))
     return results, best
 
 
@@ -180,12 +199,19 @@ def replay(
 
 def print_results(console: Console, results: list[StrategyResult], best: float, trials: int, objective: str) -> None:
     out = Table(title=f"trials to reach {TARGET:.0%} of the best feasible row ({objective} {best:.2f})")
-    for col in ("strategy", "median trials", "reached", "range", "not run (median)", "wall s"):
+    free = any(r.trials_needed_noise_free is not None for r in results)
+    for col in ("strategy", "median trials", "reached", "range", *(["noise-free median"] if free else []),
+                "not run (median)", "wall s"):
         out.add_column(col)
     for r in results:
         reached = [n for n in r.trials_needed if n is not None]
-        out.add_row(r.strategy, f"{r.median:g}" if len(reached) * 2 > len(r.trials_needed) else f">{trials}",
-                    f"{len(reached)}/{len(r.trials_needed)}",
+        out.add_row(r.strategy, _shown(r.median, trials), f"{len(reached)}/{len(r.trials_needed)}",
                     f"{min(reached)}–{max(reached)}" if reached else "—",
+                    *([_shown(r.median_noise_free, trials)] if free else []),
                     f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
     console.print(out)
+
+
+def _shown(median: float | None, trials: int) -> str:
+    """A median, or '>N' where half the seeds never reached the target."""
+    return "—" if median is None else f"{median:g}" if median <= trials else f">{trials}"

@@ -1,0 +1,99 @@
+"""What the knobs the performance model does not see do to speed, learned from every trial, with its uncertainty.
+
+The performance model predicts a configuration's speed from where its weights live (and threads, ubatch); the
+other knobs (KV types, flash attention, load mode, placement pattern, … and what the performance model gets wrong
+about threads and ubatch) multiply it. Each knob value gets a log-multiplier and each pair of values of two knobs
+another (knobs can help alone and hurt together), a Bayesian ridge regression of log(measured / performance-model)
+on one-hot values and value pairs:
+
+    log y_i − log perf_i = c + Σ_k β[k, v_k] + Σ_{k<l} γ[k, v_k, l, v_l] + ε_i,
+    β ~ N(0, τ_k²),  γ ~ N(0, INTERACTION_SD²),  ε_i ~ N(0, σ_i² + RESIDUAL_SD²)
+
+τ_k is PRIOR_SD, or more where knob k's measured values differ by more.
+
+σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains.
+The pairs' prior is small: on the measured H100 tables, pairs of knobs explain no more of the speeds than noise
+does (benchmarks/table_structure.py), so an interaction must be measured before the model believes it. The search
+compares a candidate with the incumbent by the difference of their predictions: its mean and standard deviation
+say both how much better the model expects it and how little the trials have told about the values it changes (a
+value or pair never measured keeps the prior's spread). Every trial informs every estimate: a move measured from
+an earlier incumbent need not be measured again from the next one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+PRIOR_SD = 0.05  # a knob value's effect before any trial: a few percent, rarely more than ten
+INTERACTION_SD = 0.02  # what two knobs' values do together beyond the sum of their effects, before any trial
+RESIDUAL_SD = 0.01  # what neither explains (three knobs together, a row's own luck)
+INTERCEPT_SD = 1.0  # the performance model's own error at the boundary: unknown, a broad prior
+MAX_COLUMNS = 1000  # values and value pairs; beyond this the model keeps single values only
+
+
+class KnobEffects:
+    """Posterior of the knob-value effects from observations (knob values, log residual, variance)."""
+
+    def __init__(self, values: dict[str, Sequence[Any]]) -> None:
+        singles = [((knob, _key(v)),) for knob, vs in values.items() for v in vs]
+        pairs = [((a, _key(va)), (b, _key(vb))) for a, b in itertools.combinations(values, 2)
+                 for va in values[a] for vb in values[b]]
+        if len(singles) + len(pairs) > MAX_COLUMNS:  # a space too large to learn pairs in a few trials
+            pairs = []
+        self.index = {column: i + 1 for i, column in enumerate(singles + pairs)}  # 0: the intercept
+        self.knob_columns = {knob: [self.index[((knob, _key(v)),)] for v in vs] for knob, vs in values.items()}
+        self.prior_sd = np.array([INTERCEPT_SD] + [PRIOR_SD] * len(singles) + [INTERACTION_SD] * len(pairs))
+        self.mean = np.zeros(len(self.prior_sd))
+        self.cov = np.diag(self.prior_sd ** 2)
+        self.n = 0
+
+    def row(self, knobs: dict[str, Any]) -> np.ndarray:
+        x = np.zeros(len(self.index) + 1)
+        x[0] = 1.0
+        values = sorted((knob, _key(v)) for knob, v in knobs.items())
+        for column in [(kv,) for kv in values] + list(itertools.combinations(values, 2)):
+            i = self.index.get(column) or self.index.get(column[::-1])
+            if i is not None:
+                x[i] = 1.0
+        return x
+
+    def fit(self, observations: Sequence[tuple[dict[str, Any], float, float]]) -> "KnobEffects":
+        """Condition the prior on (knob values, log(measured / predicted), variance of that log) per configuration.
+        A knob whose measured values differ by more than PRIOR_SD says so: its values' prior spread is then what
+        its measured values show (one EM step for each knob's variance), so a value of it never measured may differ
+        as much."""
+        if not observations:
+            return self
+        x = np.array([self.row(knobs) for knobs, _, _ in observations])
+        y = np.array([r for _, r, _ in observations])
+        w = 1.0 / np.array([var + RESIDUAL_SD ** 2 for _, _, var in observations])
+        measured = x.any(axis=0)
+        self._condition(x, y, w)
+        for columns in self.knob_columns.values():
+            seen = [c for c in columns if measured[c]]
+            if seen:
+                spread = math.sqrt(float(np.mean(self.mean[seen] ** 2 + np.diag(self.cov)[seen])))
+                self.prior_sd[columns] = max(PRIOR_SD, spread)
+        self._condition(x, y, w)
+        self.n = len(observations)
+        return self
+
+    def _condition(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+        self.cov = np.linalg.inv(np.diag(self.prior_sd ** -2) + (x * w[:, None]).T @ x)
+        self.mean = self.cov @ ((x * w[:, None]).T @ y)
+
+    def diff(self, a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
+        """(mean, standard deviation) of log(effect of a / effect of b)."""
+        d = self.row(a) - self.row(b)
+        return float(d @ self.mean), math.sqrt(max(float(d @ self.cov @ d), 0.0))
+
+
+def _key(value: Any) -> str:
+    """Values compare as the trials store them (8 and 8.0 are one value)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
