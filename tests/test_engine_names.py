@@ -17,7 +17,7 @@ def test_no_engine_name_is_compared_outside_engines():
     assert not found, "\n".join(found)
 
 
-PROBES = re.compile(r"\b(getattr|hasattr)\(\s*(self\.|aid\.)?engine\s*,")
+PROBES = re.compile(r"\b(getattr|hasattr)\(\s*(self\.|ctx\.)?engine\s*,")
 
 
 def test_no_engine_is_probed_for_a_capability():

@@ -45,12 +45,13 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from autoinfer.campaign.space import to_config
-from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import cpu_expert_layers, cpu_layers
+from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects
-from autoinfer.search.informed import SAMPLED, SearchAid, _typical
+from autoinfer.search.memory_screen import MemoryScreen
+from autoinfer.search.strategy import SAMPLED, learn
 from autoinfer.store import trials as store
 from autoinfer.store.trials import Store, record_of, write_trial
 
@@ -122,33 +123,33 @@ class Boundary:
 
     name = "boundary"
 
-    def __init__(self, campaign: Campaign, aid: SearchAid, dists: dict[str, BaseDistribution],
-                 models: dict[str, str]) -> None:
-        self.campaign = campaign
-        self.aid = aid
-        self.models = models
+    def __init__(self, ctx: SearchContext, memory: MemoryScreen, dists: dict[str, BaseDistribution]) -> None:
+        self.ctx = ctx
+        self.memory = memory
+        self.campaign = campaign = ctx.campaign
+        self.models = ctx.models
         self.values = {name: allowed_values(d) for name, d in dists.items()}
         self.weights = {k: v for k, v in campaign.objective_weights().items() if k in ("tg", "pp")} or {"tg": 1.0}
-        self.perf = {path: PerformanceModel(shape, gpu=aid.side != "host") for path, shape in aid.shapes.items()}
+        self.perf = {path: PerformanceModel(shape, gpu=ctx.side != "host") for path, shape in ctx.shapes.items()}
         self.share = [n for n in GPU_SHARE if n in dists] if self.perf else []
         rank = {n: i for i, n in enumerate(KNOB_ORDER)}
         self.knobs = sorted((n for n in dists if n not in self.share), key=lambda n: (rank.get(n, len(rank)), n))
-        self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if aid.side == "device" else frozenset())
+        self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
         self.sampler = campaign.sampler.name
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
-        self.aid.after_run(study)
+        learn(self.memory, self.campaign, study)
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
         if record_of(trial).search_reason is None:
             write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (every local move was measured)")
-        return self.aid.before_run(trial, config)
+        return self.memory.screen(trial, config)
 
     def observe(self, study: optuna.Study) -> None:
-        self.aid.after_run(study)
+        learn(self.memory, self.campaign, study)
         self._queue(study)
 
     # -- proposals -----------------------------------------------------------------------------------------
@@ -283,7 +284,7 @@ class Boundary:
 
     def _typical(self) -> dict[str, Any]:
         out = {}
-        preferred = self.aid.engine.preferred_values(self.aid.side == "device")
+        preferred = self.ctx.engine.preferred_values(self.ctx.side == "device")
         for knob in self.knobs:
             values = self.values[knob]
             if knob == "placement":
@@ -293,8 +294,8 @@ class Boundary:
             elif knob == "model":
                 out[knob] = values[0]
             else:
-                typical = _typical(self.campaign, knob)
-                out[knob] = typical if typical in values else values[len(values) // 2]
+                usual = typical(self.campaign, knob)
+                out[knob] = usual if usual in values else values[len(values) // 2]
         return out
 
     def _moves(self, knob: str, current: Any) -> list[Any]:
@@ -320,8 +321,8 @@ class Boundary:
         candidates = self._candidates(knobs)
         if not candidates:
             return None
-        budget = self.aid.budget_mib
-        if budget is None or not self.aid.memory:
+        budget = self.ctx.budget_mib
+        if budget is None or not self.memory.models:
             best = max(candidates, key=lambda c: (c.speed, -c.mib))
             return Choice(best.params, "boundary: no memory budget, the most weights on the GPU")
         group = [s for s in seen if s.fits is not None and s.config is not None
@@ -403,14 +404,14 @@ class Boundary:
         return to_config(self.campaign, params, self.models)
 
     def _predict(self, config: TrialConfig) -> float | None:
-        pred = self.aid.predict(config)
+        pred = self.memory.predict(config)
         return pred.mib if pred is not None else None
 
     def _seen(self, study: optuna.Study) -> list[Seen]:
         """The finished trials; the score, tg and pp of a configuration measured more than once pool the samples
         of all its successful trials."""
         out = []
-        budget = self.aid.budget_mib
+        budget = self.ctx.budget_mib
         weights = self.campaign.objective_weights()
         trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale and t.params]
         pooled: dict[str, dict[str, list[float]]] = {}
@@ -428,7 +429,7 @@ class Boundary:
             config = t.trial_config if t.config is not None else None
             samples = pooled.get(_key(t.params)) if t.is_feasible_ok else None
             score = store.score(samples, weights) if samples else None
-            peak = t.rss_peak_mib if self.aid.side == "host" else t.vram_peak_mib
+            peak = t.rss_peak_mib if self.ctx.side == "host" else t.vram_peak_mib
             if outcome in ("oom", "infeasible", "predicted_infeasible"):
                 fits = False
             elif outcome in ("ok", "pruned") and peak and budget is not None:

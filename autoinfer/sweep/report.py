@@ -12,6 +12,7 @@ from rich.table import Table
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.engines.base import capabilities
 from autoinfer.export.formats import render
+from autoinfer.search.status import status_rows
 from autoinfer.store.records import Confirmation, DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
@@ -56,8 +57,6 @@ def print_status(console: Console, study: optuna.Study) -> None:
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     infeasible = sum(v for k, v in outcomes.items() if k in ("oom", "infeasible", "predicted_infeasible"))
     table.add_row("infeasible", str(infeasible))
-    from autoinfer.search.informed import status_rows
-
     for key, value in status_rows(study):
         table.add_row(key, value)
     starts = [t.datetime_start for t in trials if t.datetime_start]

@@ -29,7 +29,10 @@ from autoinfer.errors import UserError
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.paths import default_storage, trial_dir
 from autoinfer.search import pareto, select
-from autoinfer.search.informed import SearchAid
+from autoinfer.search.context import SearchContext
+from autoinfer.search.memory_screen import MemoryScreen
+from autoinfer.search.pruning import first_repetition_rule
+from autoinfer.search.realize import realize_trial
 from autoinfer.store import trials as store
 from autoinfer.store.records import waiting_remeasurements
 from autoinfer.store.redact import redact_url
@@ -52,6 +55,12 @@ class SweepResult:
     campaign: Campaign
     best: store.Best | None
     ran: int  # trials run by this process
+
+
+def _max_skips(trial_budget: int) -> int:
+    """Consecutive trials that could not run (memory, quality, refusal) after which the sweep stops: the space
+    barely fits."""
+    return max(50, 10 * trial_budget)
 
 
 def make_sampler(campaign: Campaign) -> optuna.samplers.BaseSampler:
@@ -197,8 +206,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             requeued = worker.reclaim_stale(study, study_store.stale_running())
             if decisions:
                 study_store.write_study(imposed_settings=decisions)
-        aid = SearchAid.create(campaign, engine, models)
-        strategy = select.create(campaign, aid, dists, models)
+        ctx = SearchContext.create(campaign, engine, models)
+        strategy = select.create(ctx, MemoryScreen.create(ctx), dists)
         with worker.serialized(study):  # two workers must not both queue a proposal for the last budgeted trial
             strategy.start(study)
         skips = repeated = 0
@@ -226,7 +235,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     break
                 current[:] = [trial]
                 params: dict[str, Any] = dict(trial.params)  # study.ask(dists) suggested every one
-                config = base.impose(aid.realize(to_config(campaign, params, models), trial), decisions)
+                config = base.impose(realize_trial(ctx, to_config(campaign, params, models), record_of(trial)), decisions)
                 write_trial(trial, config=config.to_params())
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
@@ -263,7 +272,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     skips += 1
                     with worker.serialized(study):
                         strategy.observe(study)
-                    if skips > aid.max_skips(budget.trials):
+                    if skips > _max_skips(budget.trials):
                         view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
                                   "a combination the engine refuses)")
                         break
@@ -272,7 +281,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 try:
                     with host:
                         m = guard.measure(trial, config, partial(run_trial, engine, config, campaign, name,
-                                                                 trial.number, aid.pruner(study, config)))
+                                                                 trial.number, first_repetition_rule(campaign, study, config)))
                     write_trial(trial, host_lock_wait_s=round(host.waited_s, 3))
                     record(study, trial, campaign, m)
                 except optuna.exceptions.UpdateFinishedTrialError:

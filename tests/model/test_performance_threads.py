@@ -13,7 +13,7 @@ import pandas as pd
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import parameter_columns, read_table, shape_path
 from autoinfer.model import performance
-from autoinfer.model.placement import ModelShape
+from autoinfer.model.shape import ModelShape
 
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 

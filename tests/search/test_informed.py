@@ -88,18 +88,20 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     from autoinfer.campaign.space import distributions, to_config
     from autoinfer.engines import base
     from autoinfer.model.placement import EXPERT_TENSORS
-    from autoinfer.search.informed import SearchAid
+    from autoinfer.search.context import SearchContext
+    from autoinfer.search.realize import realize_trial
+    from autoinfer.store.trials import record_of
 
     campaign = parse_campaign({"name": "x", "model": str(tiny_model), "space": {
         "placement": ["last"], "cpu_expert_layers": [2], "tensor_split": ["1/1"]}})
     models = {str(tiny_model): str(tiny_model)}
-    aid = SearchAid.create(campaign, base.create("llama-bench"), models)
+    ctx = SearchContext.create(campaign, base.create("llama-bench"), models)
     study = optuna.create_study()
     Store(study).enqueue({"placement": "last", "cpu_expert_layers": 2, "tensor_split": "1/1"},
                          fit_tensor_split="17/24")
     dists = distributions(campaign)
     trial = study.ask(dists)
-    config = aid.realize(to_config(campaign, trial.params, models), trial)
+    config = realize_trial(ctx, to_config(campaign, trial.params, models), record_of(trial))
     assert config.override_tensors == (rf"blk\.(2|3)\.{EXPERT_TENSORS}=CPU",)
     assert config.get("tensor_split") == "17/24"
 
@@ -112,14 +114,17 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
 
     from autoinfer.campaign.space import distributions
     from autoinfer.engines import base
-    from autoinfer.search.informed import SearchAid
+    from autoinfer.search.context import SearchContext
+    from autoinfer.search.informed import InformedStart
+    from autoinfer.search.memory_screen import MemoryScreen
 
     spec = _campaign(planted)
     spec["space"]["load_mode"] = ["mmap", "none"]
     spec["constraints"] = {constraint: mib}
     campaign = parse_campaign(spec)
-    aid = SearchAid.create(campaign, base.create("replay", table=str(planted)), {str(planted): str(planted)})
+    ctx = SearchContext.create(campaign, base.create("replay", table=str(planted)), {str(planted): str(planted)})
     study = optuna.create_study()
-    assert aid.enqueue_start(study, distributions(campaign)) >= 2
+    start = InformedStart(ctx, MemoryScreen.create(ctx), distributions(campaign))
+    assert start.enqueue(study, distributions(campaign)) >= 2
     queued = study.get_trials(deepcopy=False)
     assert {t.system_attrs["fixed_params"]["load_mode"] for t in queued} == {expected}

@@ -1,0 +1,73 @@
+"""What a search knows before its first trial: the campaign, the engine, each model's shape, and the memory budget
+(host or device side, how much, on how many GPUs). Strategies, the memory screen and the informed start share it;
+`notes` collects what it could not know (no shape, no budget) so `status` can say so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
+from autoinfer.engines.base import Engine, TrialConfig
+from autoinfer.measure.gpu import measured_gpus
+from autoinfer.model.placement import PLACEMENT_KEYS
+from autoinfer.model.shape import ModelShape
+
+
+def allowed(campaign: Campaign, name: str) -> list[Any] | None:
+    """Every value a parameter may take in the campaign (None: not in the space)."""
+    spec = campaign.space.get(name)
+    if spec is None:
+        return None
+    if isinstance(spec, IntRange):
+        return list(range(spec.low, spec.high + 1, spec.step))
+    if isinstance(spec, FloatRange):
+        return [spec.low, (spec.low + spec.high) / 2, spec.high]
+    return list(spec) if isinstance(spec, list) else [spec]
+
+
+def typical(campaign: Campaign, name: str) -> Any:
+    """The value a strategy starts a non-placement parameter at: llama.cpp's default if allowed, else the middle
+    value."""
+    values = allowed(campaign, name) or []
+    default = TrialConfig.__dataclass_fields__.get(name)
+    if default is not None and default.default in values:
+        return default.default
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(values)[len(values) // 2]
+    return values[0]
+
+
+@dataclass
+class SearchContext:
+    """One per sweep."""
+
+    campaign: Campaign
+    engine: Engine
+    models: dict[str, str]  # name → path
+    shapes: dict[str, ModelShape] = field(default_factory=dict)  # by path
+    side: str | None = None  # "device" (vram_mib budget) or "host" (ram_mib budget); None: no budget
+    budget_mib: float | None = None  # per GPU on several GPUs
+    n_gpus: int = 1  # GPUs this worker measures
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchContext":
+        ctx = cls(campaign, engine, models)
+        c = campaign.constraints
+        ctx.side, ctx.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
+            else (None, None)
+        ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
+        if ctx.side == "device" and ctx.n_gpus > 1:
+            ctx.notes.append(f"{ctx.n_gpus} GPUs: the memory model predicts each GPU's peak against "
+                             f"{c.vram_mib:.0f} MiB (layers shared by tensor_split, experts by expert_split)")
+        if ctx.side is not None or any(k in campaign.space for k in PLACEMENT_KEYS):
+            for path in dict.fromkeys(models.values()):
+                shape = engine.model_shape(path)
+                if shape is None:
+                    ctx.notes.append(f"no model shape for {Path(path).name} (a replay table without its "
+                                     ".shape.json): no memory model, placements not translated")
+                else:
+                    ctx.shapes[path] = shape
+        return ctx
