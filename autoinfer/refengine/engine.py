@@ -10,7 +10,7 @@ import torch
 from autoinfer.errors import UserError
 from autoinfer.model.arch import Architecture
 from autoinfer.refengine.budget import DevicePlan, is_routed_expert
-from autoinfer.refengine.cache.experts import ExpertCache, ResidentExperts, host_banks
+from autoinfer.refengine.cache.experts import ExpertCache, ResidentExperts, StepExpertCache, host_banks
 from autoinfer.refengine.cache.snapshots import SnapshotCache
 from autoinfer.refengine.graphs import DecodeGraph
 from autoinfer.refengine.loader import ModelWeights, load, torch_dtype
@@ -35,7 +35,10 @@ class ReferenceEngine:
         # Everything but the routed experts goes to the device now; the experts are placed below.
         on_device = weights.map(lambda name, t: t if is_routed_expert(name) else t.to(device))
         self.other_bytes = self.plan.other_bytes
-        if slots and slots < cfg.n_experts * cfg.n_layers:
+        if slots and slots < cfg.n_experts * cfg.n_layers and options.graphs:  # lookups on the device
+            k = cfg.n_experts_used  # k of the slots the budget holds become the staging rows of a step's misses
+            experts = StepExpertCache(host_banks(banks, pin=True), max(slots - k, k), device, options.cache_policy, k)
+        elif slots and slots < cfg.n_experts * cfg.n_layers:
             experts = ExpertCache(host_banks(banks, pin=device.type == "cuda"), slots, device,
                                   options.cache_policy, options.prefetch)
         else:
@@ -105,9 +108,12 @@ class ReferenceEngine:
             return self.model.forward([token], state)
         if state is not self.static:
             raise UserError("with graphs on, decode continues the engine's own state (from new_state or prefill)")
+        self.experts.before_step()
         if self.graph is None:
             self.graph = DecodeGraph(self.model, state)
-        return self.graph.run(token)
+        logits = self.graph.run(token)
+        self.experts.after_step()
+        return logits
 
     def generate(self, prompt: list[int], n: int) -> list[int]:
         """Greedy decoding: n new tokens after the prompt."""

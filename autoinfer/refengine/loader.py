@@ -39,6 +39,7 @@ class AttentionWeights:
     o: Matrix  # (E, H·D)
     q_norm: torch.Tensor  # (D,)
     k_norm: torch.Tensor  # (D,)
+    in_proj: Matrix | None = None  # q, k, v stacked (q, k, v then views of it): model.fuse_projections
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class GdnWeights:
     a: torch.Tensor  # (Hv,): −exp(A_log)
     norm: torch.Tensor  # (dv,): gated RMSNorm weight (plain multiplier)
     out: Matrix  # (E, Vd)
+    in_proj: Matrix | None = None  # qkv, z, beta, alpha stacked (qkv…alpha then views of it): model.fuse_projections
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 Weights follow llama.cpp's GGUF conventions (see loader.py). Layer i:
     h   = x + Mixer(RMSNorm(x))            Mixer = gated full attention on layers in cfg.attention_layers, else GDN
     out = h + MoE(RMSNorm(h))
+Each residual step is fused with the norm after it (ops/norm ADD_VARIANTS), so a layer hands the next its output and
+that output already normed.
 Norms, softmaxes, the conv and the delta-rule recurrence run in fp32; matmuls in the weights' dtype (or, for weights
 kept in GGUF blocks, fp32 accumulation of the activations' dtype).
 """
@@ -10,6 +12,7 @@ kept in GGUF blocks, fp32 accumulation of the activations' dtype).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,8 @@ from autoinfer.refengine.loader import AttentionWeights, GdnWeights, ModelWeight
 from autoinfer.refengine.ops import gdn as gdn_ops
 from autoinfer.refengine.ops import moe as moe_ops
 from autoinfer.refengine.ops import norm as norm_ops
+from autoinfer.refengine.ops import route as route_ops
+from autoinfer.refengine.ops.attention.triton_decode import triton_attention_decode
 from autoinfer.refengine.ops.gdn.fused_decode import fused_gdn_decode
 from autoinfer.refengine.ops.quant.gemv import qgemv
 from autoinfer.refengine.ops.quant.kernels import GEMV_MAX_ROWS, dequantize, qlinear
@@ -49,14 +54,41 @@ def glu(x: torch.Tensor, gate: torch.Tensor | QuantWeight, up: torch.Tensor | Qu
     return F.silu(linear(x, gate)) * linear(x, up)
 
 
+def fuse_projections(weights: ModelWeights) -> ModelWeights:
+    """Layers whose input projections (GDN: qkv, z, β, α; attention: q, k, v) are kept in GGUF blocks of one type
+    and width: those stacked into one matrix (in_proj) and each made a view of its rows, so a decode step reads them
+    in one GEMV launch instead of three or four. The stacked bytes replace the separate ones (no copy stays)."""
+    layers = []
+    for layer in weights.layers:
+        m = layer.mixer
+        names = ("qkv", "z", "beta", "alpha") if isinstance(m, GdnWeights) else ("q", "k", "v")
+        parts = [getattr(m, name) for name in names]
+        if all(isinstance(p, QuantWeight) and (p.qtype, p.shape[-1]) == (parts[0].qtype, parts[0].shape[-1])
+               for p in parts):
+            raw = torch.cat([p.raw for p in parts])
+            views, start = {}, 0
+            for name, p in zip(names, parts):
+                views[name] = QuantWeight(raw[start:start + p.shape[0]], p.qtype, p.shape)
+                start += p.shape[0]
+            m = replace(m, **views, in_proj=QuantWeight(raw, parts[0].qtype, (start, parts[0].shape[-1])))
+            layer = replace(layer, mixer=m)
+        layers.append(layer)
+    return replace(weights, layers=tuple(layers))
+
+
 class Qwen35Moe:
     """Stateless over sequences: every call takes and updates a SequenceState."""
 
     def __init__(self, cfg: Architecture, weights: ModelWeights, experts, *, dtype: torch.dtype, gdn: str = "chunk",
                  moe: str = "grouped", norm: str = "torch"):
-        self.cfg, self.w, self.experts = cfg, weights, experts
+        self.cfg, self.w, self.experts = cfg, fuse_projections(weights), experts
         self.gdn_fn, self.moe_fn, self.norm = gdn_ops.get(gdn), moe_ops.get(moe), norm_ops.get(norm)
-        self.fused_gdn_decode = gdn in gdn_ops.TRITON  # Triton GDN variants fuse a whole decode step
+        self.add_norm = norm_ops.get_add(norm)
+        # Triton routing with the Triton experts (both need CUDA or the interpreter), torch's otherwise.
+        self.route = route_ops.get("triton" if moe in moe_ops.READS_BLOCKS else route_ops.REFERENCE)
+        self.tokens: dict[int, torch.Tensor] = {}
+        # Triton GDN variants fuse a whole decode step, and attention's (ops/attention) with them
+        self.triton_decode = gdn in gdn_ops.TRITON
         self.dtype, self.device = dtype, weights.out_norm.device
         half = cfg.rope_dims // 2
         self.inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=self.device) / half)
@@ -78,19 +110,21 @@ class Qwen35Moe:
         """The network on device tensors: token ids and their positions in, logits out, the state's caches updated
         in place. Reads no value back to the host, so with a static state and capture-safe op variants it can be
         recorded as a CUDA graph (graphs.py)."""
+        cfg, layers = self.cfg, self.w.layers
         x = embed(self.w.embed, ids, self.dtype)
-        for i, layer in enumerate(self.w.layers):
-            normed = self.norm(x, layer.attn_norm, self.cfg.rms_eps, self.dtype)
+        normed = self.norm(x, layers[0].attn_norm, cfg.rms_eps, self.dtype)
+        for i, layer in enumerate(layers):
             if isinstance(layer.mixer, AttentionWeights):
                 mixed = self.attention(normed, layer.mixer, state.layers[i], positions)
             else:
                 mixed = self.gated_deltanet(normed, layer.mixer, state.layers[i])
-            x = x + mixed.to(x.dtype)
-            normed = self.norm(x, layer.post_norm, self.cfg.rms_eps, self.dtype)
-            x = x + self.moe(normed, layer.moe, i).to(x.dtype)
+            x, normed = self.add_norm(x, mixed, layer.post_norm, cfg.rms_eps, self.dtype)
+            routed, shared, gate = self.moe(normed, layer.moe, i)
+            after = layers[i + 1].attn_norm if i + 1 < len(layers) else self.w.out_norm  # the next norm
+            x, normed = self.add_norm(x, routed, after, cfg.rms_eps, self.dtype, shared=shared, gate=gate)
         if not all_logits:
-            x = x[-1:]
-        return linear(self.norm(x, self.w.out_norm, self.cfg.rms_eps, self.dtype), self.w.lm_head).float()
+            normed = normed[-1:]
+        return linear(normed, self.w.lm_head).float()
 
     # --- gated full attention -------------------------------------------------------------------------------
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -103,6 +137,15 @@ class Qwen35Moe:
 
     def attention(self, x: torch.Tensor, w: AttentionWeights, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
+        if T == 1 and self.triton_decode:  # a decode step with the Triton kernels: norms to gate in 3 launches
+            if w.in_proj is not None:
+                qg, k, v = linear(x, w.in_proj).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=-1)
+            else:
+                qg, k, v = linear(x, w.q), linear(x, w.k), linear(x, w.v)
+            cache.reserve(1)
+            out = triton_attention_decode(qg, k, v, w.q_norm, w.k_norm, self.inv_freq, cfg.rms_eps, cache.k, cache.v,
+                                          positions)
+            return linear(out, w.o)
         qg = (linear(x, w.q)).view(T, cfg.n_heads, 2 * cfg.head_dim)
         q, gate = qg[..., :cfg.head_dim], qg[..., cfg.head_dim:].reshape(T, -1)
         q = self.rope(self.norm(q, w.q_norm, cfg.rms_eps), positions)
@@ -123,12 +166,16 @@ class Qwen35Moe:
     def gated_deltanet(self, x: torch.Tensor, w: GdnWeights, state: GdnState) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
         Hk, Hv, d = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_head_dim
-        if T == 1 and self.fused_gdn_decode:  # everything between the projections and the output norm, fused
-            out = fused_gdn_decode(linear(x, w.qkv), state.conv, w.conv, linear(x, w.beta), linear(x, w.alpha),
-                                   w.dt_bias, w.a, state.recurrent, Hk)
+        if T == 1 and self.triton_decode:  # everything between the projections and the output norm, fused
+            if w.in_proj is not None:  # the four input projections in one launch
+                sizes = [w.qkv.shape[0], w.z.shape[0], w.beta.shape[0], w.alpha.shape[0]]
+                qkv, z, b, a = linear(x, w.in_proj).split(sizes, dim=-1)
+            else:
+                qkv, z, b, a = linear(x, w.qkv), linear(x, w.z), linear(x, w.beta), linear(x, w.alpha)
+            out = fused_gdn_decode(qkv, state.conv, w.conv, b, a, w.dt_bias, w.a, state.recurrent, Hk)
         else:
-            out = self.gdn_core(x, w, state)
-        z = linear(x, w.z).view(T, Hv, d)
+            out, z = self.gdn_core(x, w, state), linear(x, w.z)
+        z = z.reshape(T, Hv, d)
         out = self.norm(out, w.norm, cfg.rms_eps, self.dtype, gate=z)  # RMSNorm(o) ⊙ SiLU(z) per head
         return linear(out.reshape(T, -1), w.out)
 
@@ -152,18 +199,26 @@ class Qwen35Moe:
         return out
 
     # --- mixture of experts ----------------------------------------------------------------------------------
-    def route(self, x: torch.Tensor, router: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = (x.float() @ router.T).softmax(-1)
-        top, idx = probs.topk(self.cfg.n_experts_used, dim=-1)
-        return top / top.sum(-1, keepdim=True), idx
-
-    def moe(self, x: torch.Tensor, w: MoeWeights, layer: int) -> torch.Tensor:
-        weight, expert = self.route(x, w.router)
-        token = torch.arange(expert.numel(), device=x.device) // self.cfg.n_experts_used  # token of each choice
-        routed = self.experts.run(layer, x, token, expert.flatten(), weight.flatten(), self.moe_fn)
+    def moe(self, x: torch.Tensor, w: MoeWeights,
+            layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(routed experts' sum [T, E] fp32, shared expert [T, E], its gate σ(x · shared_gate_inp) [T]): the MoE
+        output is routed + gate · shared, which the residual step after it forms."""
+        k = self.cfg.n_experts_used
+        expert, weight, gate = self.route(x, w.router, w.shared_gate_inp, k)
+        routed = self.experts.run(layer, x, self.token_of(x.shape[0]), expert.flatten(), weight.flatten(),
+                                  self.moe_fn)
         for ahead in range(layer + 1, min(layer + 1 + self.experts.prefetch, len(self.w.layers))):
             # The next layers' routers applied to this layer's input predict most of their choices.
-            predicted = self.route(x, self.w.layers[ahead].moe.router)[1]
+            nxt = self.w.layers[ahead].moe
+            predicted = self.route(x, nxt.router, nxt.shared_gate_inp, k)[0]
             self.experts.prefetch_layer(ahead, torch.unique(predicted).tolist())
         shared = linear(glu(x, w.shared_gate, w.shared_up), w.shared_down)
-        return routed + torch.sigmoid(x.float() @ w.shared_gate_inp)[:, None] * shared.float()
+        return routed, shared, gate
+
+    def token_of(self, n: int) -> torch.Tensor:
+        """The token of each of the n·k routing choices (0, …, 0, 1, …): made once per n (a decode step's is part of
+        its CUDA graph's inputs)."""
+        if n not in self.tokens:
+            k = self.cfg.n_experts_used
+            self.tokens[n] = torch.arange(n * k, device=self.device) // k
+        return self.tokens[n]

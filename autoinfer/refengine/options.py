@@ -26,7 +26,8 @@ class EngineOptions:
     the quantized matrices in their GGUF blocks (Triton kernels read them); dtype is then the activations' dtype.
     prefetch = n copies the experts that the next n layers' routers predict from the current hidden state.
     norm = "triton" runs each RMSNorm (and the GDN output gate) as one kernel instead of a torch composition.
-    graphs replays decode steps from a CUDA graph over one static state of max_context positions."""
+    graphs replays decode steps from a CUDA graph over one static state of max_context positions; with an expert
+    cache the step looks experts up on the device (prefetch must then be 0)."""
 
     device: str = "cpu"
     dtype: str = "fp32"
@@ -103,9 +104,10 @@ class EngineOptions:
         if self.device != "cuda":
             raise UserError("graphs: on records the decode step as a CUDA graph, which needs device: cuda "
                             "(use graphs: off on the CPU)")
-        if self.expert_slots or self.budget_mib is not None:
-            raise UserError("graphs: on needs every expert on the device (expert_slots: 0, no budget_mib): the "
-                            "expert cache decides on the host at every layer which experts to copy")
+        if (self.expert_slots or self.budget_mib is not None) and self.prefetch:
+            raise UserError("graphs: on with an expert cache (expert_slots or budget_mib) needs prefetch: 0: the "
+                            "step looks experts up on the device and reads misses from host memory itself, while "
+                            "prefetch decides on the host at every layer which experts to copy")
         if self.moe not in moe_safe:
             raise UserError(f"graphs: on needs a moe variant that never reads the device back "
                             f"({', '.join(sorted(moe_safe))}); {self.moe!r} reads the routing choices")

@@ -27,7 +27,16 @@ class KVCache:
     def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [Hkv, T, D] at `positions` (a device tensor: the write needs no host value) and return the
         keys and values attention reads: the valid prefix, or the whole static buffer (the mask hides the rest)."""
-        n = k.shape[1]
+        end = self.reserve(k.shape[1])
+        self.k.index_copy_(1, positions, k)
+        self.v.index_copy_(1, positions, v)
+        if self.static:
+            return self.k, self.v
+        return self.k[:, :end], self.v[:, :end]
+
+    def reserve(self, n: int) -> int:
+        """Room for n more positions (a dynamic cache grows by doubling), counted as written; the new length. For a
+        kernel that writes the positions itself (ops/attention)."""
         end = self.length + n
         if end > self.k.shape[1]:
             if self.static:
@@ -36,12 +45,8 @@ class KVCache:
             grow = max(self.k.shape[1], end)
             self.k = torch.cat([self.k, self.k.new_zeros(self.k.shape[0], grow, self.k.shape[2])], dim=1)
             self.v = torch.cat([self.v, self.v.new_zeros(self.v.shape[0], grow, self.v.shape[2])], dim=1)
-        self.k.index_copy_(1, positions, k)
-        self.v.index_copy_(1, positions, v)
         self.length = end
-        if self.static:
-            return self.k, self.v
-        return self.k[:, :end], self.v[:, :end]
+        return end
 
     def clone(self) -> "KVCache":
         if self.static:

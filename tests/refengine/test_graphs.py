@@ -67,7 +67,7 @@ def test_graphs_are_refused_where_they_cannot_run(knobs, words):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("knobs, words", [
-    ({"expert_slots": 4}, "expert_slots: 0"),
+    ({"expert_slots": 4, "prefetch": 1}, "prefetch: 0"),
     ({"moe": "grouped", "weights": "dense"}, "moe variant"),
     ({"gdn": "chunk"}, "gdn variant"),
 ])
@@ -100,3 +100,28 @@ def test_graph_decode_matches_eager_decode(dtype, bound):
             a, b = eager.decode(tokens_a[-1], sa), graphed.decode(tokens_a[-1], sb)
         assert tokens_a == tokens_b
     assert graphed.graph is not None and sb is graphed.static
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graph_decode_through_the_step_expert_cache_matches_resident_experts():
+    """Experts looked up on the device inside the graph, misses read from pinned host memory, admitted between
+    steps: the same logits as with every expert resident."""
+    from autoinfer.model.synth import cached_model
+
+    model = cached_model("tiny", "Q4_K")
+    knobs = dict(device="cuda", dtype="fp32", weights="gguf", moe="fused", gdn="triton_chunk", norm="triton",
+                 max_context=64, graphs=True)
+    resident = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    cached = ReferenceEngine.from_gguf(model, EngineOptions(**knobs, expert_slots=18))  # 8 experts × 4 layers exist
+    assert type(cached.experts).__name__ == "StepExpertCache"
+    prompt = list(range(3, 40))
+    for _ in range(2):
+        a, sa = resident.prefill(prompt)
+        b, sb = cached.prefill(prompt)
+        for _ in range(12):
+            assert rel(b, a) <= 1e-5
+            token = int(a[-1].argmax())
+            a, b = resident.decode(token, sa), cached.decode(token, sb)
+    stats = cached.experts.stats
+    assert stats.misses > 0 and stats.hits > 0

@@ -166,3 +166,88 @@ def test_fused_gdn_decode_matches_the_torch_step(Hk, Hv, d, KW):
     out = fused_gdn_decode(qkv, conv_state, weight, b, alpha, dt_bias, a, recurrent, Hk)
     assert rel(out, ref_out) <= 1e-5 and rel(recurrent, ref_state) <= 1e-5
     assert torch.equal(conv_state, window[1:])  # the window moved on by the new token
+
+
+@pytest.mark.parametrize("n_experts, E, k", [(256, 2048, 8), (12, 40, 3)])
+def test_triton_route_matches_torch(n_experts, E, k):
+    """Top-k experts (descending), their renormalised probabilities and the shared expert's gate, for one token."""
+    from autoinfer.refengine.ops import route
+
+    gen = torch.Generator().manual_seed(n_experts)
+    x = torch.randn(1, E, generator=gen).to(torch.bfloat16)
+    router, gate = torch.randn(n_experts, E, generator=gen) * 0.05, torch.randn(E, generator=gen) * 0.05
+    ref_expert, ref_weight, ref_gate = route.get(route.REFERENCE)(x, router, gate, k)
+    expert, weight, gate_out = route.get("triton")(x, router, gate, k)
+    assert torch.equal(expert, ref_expert) and expert.dtype == torch.int64
+    assert rel(weight, ref_weight) <= 1e-5 and rel(gate_out, ref_gate) <= 1e-5
+    assert weight.shape == (1, k) and gate_out.shape == (1,)
+
+
+@pytest.mark.parametrize("shape, shared", [((3, 256), False), ((1, 2048), True), ((2, 40), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_add_rms_norm_matches_torch(shape, shared, dtype):
+    """The residual step (with the σ-gated shared expert of an MoE output) and the norm after it, in one kernel."""
+    from autoinfer.refengine.ops import norm
+
+    gen = torch.Generator().manual_seed(shape[-1] + shared)
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    update = torch.randn(*shape, generator=gen) if shared else torch.randn(*shape, generator=gen).to(dtype)
+    weight = torch.rand(shape[-1], generator=gen) + 0.5
+    extra = dict(shared=torch.randn(*shape, generator=gen).to(dtype), gate=torch.rand(shape[0], generator=gen)) \
+        if shared else {}
+    ref_h, ref = norm.get_add(norm.REFERENCE)(x, update, weight, 1e-6, dtype, **extra)
+    h, out = norm.get_add("triton")(x, update, weight, 1e-6, dtype, **extra)
+    assert h.dtype == x.dtype and out.dtype == dtype and out.shape == x.shape
+    bound = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: one rounding step (the interpreter truncates)
+    assert rel(h.float(), ref_h.float()) <= bound and rel(out.float(), ref.float()) <= bound
+
+
+@pytest.mark.parametrize("row_bytes", [(576, 576, 288), (34, 34, 70), (7, 7, 9)])  # words of 4, 2 and 1 bytes
+def test_expert_fetch_kernel_matches_torch(row_bytes):
+    """Hits read their slot; misses are copied from host storage into the staging rows; the choices are logged."""
+    from autoinfer.refengine.cache.fetch import fetch_experts, fetch_naive
+
+    gen = torch.Generator().manual_seed(sum(row_bytes))
+    n_experts, slots, k = 10, 6, 4
+    host = [torch.randint(0, 256, (n_experts, 3, b), generator=gen, dtype=torch.uint8) for b in row_bytes]
+    table = torch.full((n_experts,), -1, dtype=torch.int32)
+    table[torch.tensor([1, 4, 7])] = torch.tensor([5, 0, 2], dtype=torch.int32)
+    expert = torch.tensor([4, 3, 7, 9])  # hit, miss, hit, miss
+    outs = []
+    for fn in (fetch_naive, fetch_experts):
+        pool = [torch.randint(0, 256, (slots + k, *t.shape[1:]), generator=gen, dtype=torch.uint8) for t in host]
+        before = [t.clone() for t in pool]
+        log = torch.full((k,), -7)
+        rows = fn(expert, table, host, pool, slots, log)
+        outs.append((rows, pool, before, log))
+    (ref_rows, ref_pool, ref_before, _), (rows, pool, before, log) = outs
+    assert rows.tolist() == ref_rows.tolist() == [0, slots + 1, 2, slots + 3]
+    assert torch.equal(log, expert)
+    for t, b, src in zip(pool, before, host):
+        assert torch.equal(t[slots + 1], src[3]) and torch.equal(t[slots + 3], src[9])
+        untouched = [r for r in range(slots + k) if r not in (slots + 1, slots + 3)]
+        assert torch.equal(t[untouched], b[untouched])
+
+
+@pytest.mark.parametrize("H, Hkv, D, half, cap, position", [(4, 2, 64, 16, 40, 0), (4, 1, 32, 8, 70, 37),
+                                                             (2, 2, 32, 16, 16, 15)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_attention_decode_matches_torch(H, Hkv, D, half, cap, position, dtype):
+    """Norms, rotary, the cache writes at the position, attention over positions ≤ it and the output gate."""
+    from autoinfer.refengine.ops import attention
+
+    gen = torch.Generator().manual_seed(H + D + position)
+    qg, k, v = (torch.randn(1, n, generator=gen).to(dtype) for n in (H * 2 * D, Hkv * D, Hkv * D))
+    q_norm, k_norm = torch.rand(D, generator=gen) + 0.5, torch.rand(D, generator=gen) + 0.5
+    inv_freq = 1e6 ** (-torch.arange(half, dtype=torch.float64) / half)
+    caches = (torch.randn(Hkv, cap, D, generator=gen).to(dtype), torch.randn(Hkv, cap, D, generator=gen).to(dtype))
+    pos = torch.tensor([position])
+    outs = []
+    for name in ("naive", "triton"):
+        ck, cv = (c.clone() for c in caches)
+        outs.append((attention.VARIANTS[name](qg, k, v, q_norm, k_norm, inv_freq, 1e-6, ck, cv, pos), ck, cv))
+    (ref, ref_k, ref_v), (out, ck, cv) = outs
+    bound = 1e-5 if dtype == torch.float32 else 1e-2
+    assert out.dtype == dtype and out.shape == (1, H * D)
+    assert rel(out.float(), ref.float()) <= bound and rel(ck.float(), ref_k.float()) <= bound
+    assert torch.equal(cv, ref_v)

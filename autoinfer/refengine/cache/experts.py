@@ -4,7 +4,9 @@
 memory (dense, or in their GGUF blocks) and are copied on use into N device slots shared by all layers, evicting
 by LRU or LFU; optionally the likely experts of the next `prefetch` layers are copied early (predicted by applying
 those layers' routers to the current hidden state) on a side CUDA stream while this layer computes. Both run a
-layer's routed assignments through an op from ops/moe.
+layer's routed assignments through an op from ops/moe. `StepExpertCache`: the same slots and policy, but a decode
+step looks its experts up on the device (cache/fetch.py: misses are read from pinned host memory inside the step),
+so the step is one CUDA graph; the host admits the step's misses into slots after it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from autoinfer.errors import UserError
+from autoinfer.refengine.cache.fetch import fetch_experts
 from autoinfer.refengine.ops.moe import ExpertBank, MoeFn
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
 
@@ -54,6 +57,11 @@ class ResidentExperts:
             fn: MoeFn) -> torch.Tensor:
         return fn(x, token, expert, weight, self.banks[layer])
 
+    def before_step(self) -> None:
+        """Around a decode step recorded as a CUDA graph: nothing to look up, every expert is here."""
+
+    after_step = before_step
+
     def device_bytes(self) -> int:
         return sum(_storage(t).numel() * _storage(t).element_size() for b in self.banks for t in (b.gate, b.up, b.down))
 
@@ -66,14 +74,14 @@ class ExpertCache:
     """N device slots in front of host-resident experts."""
 
     def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str = "lru",
-                 prefetch: int = 0):
+                 prefetch: int = 0, extra_rows: int = 0):
         if policy not in POLICIES:
             raise UserError(f"expert cache policy {policy!r} is not one of {', '.join(POLICIES)}")
         if slots < 1:
             raise UserError(f"expert_slots must be ≥ 1 for the expert cache (got {slots})")
         self.host, self.policy, self.prefetch, self.device = host, policy, prefetch, torch.device(device)
         ref = host[0]
-        self.pool = ExpertBank(*(_empty_rows(t, slots, self.device) for t in (ref.gate, ref.up, ref.down)))
+        self.pool = ExpertBank(*(_empty_rows(t, slots + extra_rows, self.device) for t in (ref.gate, ref.up, ref.down)))
         self.slots = slots
         self.where: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) → slot, LRU order
         self.uses: dict[tuple[int, int], int] = {}
@@ -96,7 +104,11 @@ class ExpertCache:
             raise RuntimeError("expert cache: every slot holds an expert the current step needs")
         key = min(candidates, key=lambda k: self.uses[k]) if self.policy == "lfu" else candidates[0]
         self.prefetched.discard(key)
+        self._evicted(key)
         return self.where.pop(key)
+
+    def _evicted(self, key: tuple[int, int]) -> None:
+        """Called when `key` leaves its slot."""
 
     def _load(self, key: tuple[int, int], protected: set[tuple[int, int]], stream) -> int:
         slot = self._victim(protected)
@@ -114,9 +126,13 @@ class ExpertCache:
                 event.record(stream)
                 self.pending[slot] = event
         self.where[key] = slot
+        self._placed(key, slot)
         self.uses.setdefault(key, 0)
         self.stats.bytes_fetched += self.expert_bytes
         return slot
+
+    def _placed(self, key: tuple[int, int], slot: int) -> None:
+        """Called when `key` was copied into `slot`."""
 
     def ensure(self, layer: int, experts: list[int]) -> dict[int, int]:
         """Make these experts of `layer` resident (len ≤ slots); returns expert → slot."""
@@ -173,6 +189,62 @@ class ExpertCache:
             part = fn(x, token[pick], rows[pick], weight[pick], self.pool)
             y = part if y is None else y + part
         return y
+
+
+class StepExpertCache(ExpertCache):
+    """The expert cache for a decode step recorded as a CUDA graph. A device table (layer × expert → slot, −1 where
+    absent) mirrors where the experts are; in a decode step each layer's k choices are looked up there on the device
+    and a missing expert is read from pinned host memory into one of k staging rows behind the slots
+    (cache/fetch.py), so the step never waits for the host. After the step the host reads the logged choices back,
+    counts hits, and admits the misses into slots by the policy (copies on the compute stream, before the next step
+    reads the table). A miss thus crosses PCIe twice: read by the step, copied on admission. Prefill (several
+    tokens) runs as in ExpertCache."""
+
+    def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str, k: int):
+        super().__init__(host, slots, device, policy, prefetch=0, extra_rows=k)
+        n_layers, n_experts = len(host), host[0].rows
+        self.mirror = torch.full((n_layers, n_experts), -1, dtype=torch.int32)
+        self.table = self.mirror.to(self.device)
+        self.log = torch.zeros(n_layers, k, dtype=torch.long, device=self.device)
+        self.dirty = False  # the mirror changed since the table was last copied from it
+        self.host_storage = [[_storage(t) for t in (b.gate, b.up, b.down)] for b in host]
+        self.pool_storage = [_storage(t) for t in (self.pool.gate, self.pool.up, self.pool.down)]
+
+    def _evicted(self, key: tuple[int, int]) -> None:
+        self.mirror[key] = -1
+        self.dirty = True
+
+    def _placed(self, key: tuple[int, int], slot: int) -> None:
+        self.mirror[key] = slot
+        self.dirty = True
+
+    def run(self, layer: int, x: torch.Tensor, token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
+            fn: MoeFn) -> torch.Tensor:
+        if x.shape[0] != 1:
+            return super().run(layer, x, token, expert, weight, fn)
+        rows = fetch_experts(expert, self.table[layer], self.host_storage[layer], self.pool_storage, self.slots,
+                             self.log[layer])
+        return fn(x, token, rows, weight, self.pool)
+
+    def before_step(self) -> None:
+        """The table takes the mirror's changes (admissions, prefill) before a decode step reads it."""
+        if self.dirty:
+            self.table.copy_(self.mirror)
+            self.dirty = False
+
+    def after_step(self) -> None:
+        """Count the decode step's hits and admit its misses (waits for the step: its choices are read back)."""
+        for layer, experts in enumerate(self.log.tolist()):
+            keys = [(layer, e) for e in experts]
+            protected = set(keys)
+            for key in keys:
+                if key in self.where:
+                    self.stats.hits += 1
+                    self.where.move_to_end(key)
+                else:
+                    self.stats.misses += 1
+                    self._load(key, protected, None)
+                self.uses[key] += 1
 
 
 def host_banks(banks: list[ExpertBank], pin: bool) -> list[ExpertBank]:
