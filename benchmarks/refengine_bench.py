@@ -19,6 +19,8 @@ They run in the order --parts gives; by default the targets first (env, gdn, 35b
             device budget (--budget-mib, experts streamed from pinned host memory through the expert cache with
             prefetch) against llama-bench with --llama-budget-args (the best llama.cpp configuration autoinfer found
             for that budget: pass it), with hit rates and the measured device peak.
+6. profile  one 35B decode step under torch.profiler (CUDA graph, eager, and under the budget): kernels a step, device
+            busy time against the step's span, the costliest kernels by name and grid, copies and host waits.
 
 A part whose estimated time no longer fits --time-limit is skipped and says so. llama-bench comes from LLAMA_BIN
 (or --llama-bin); without one the llama.cpp columns are left out. Ratios are ours / llama.cpp: medians of all
@@ -259,8 +261,8 @@ def part_gemv(part: Part, ctx: dict) -> None:
     bw = ctx["bandwidth"]
     halves = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 
-    def weight(qtype: str, shape: tuple[int, ...]):
-        rng = np.random.default_rng(1)
+    def weight(qtype: str, shape: tuple[int, ...], seed: int = 1):
+        rng = np.random.default_rng(seed)
         values, nbytes = BLOCKS[qtype]
         raw = rng.integers(0, 256, size=(int(np.prod(shape[:-1])), shape[-1] // values, nbytes), dtype=np.uint8)
         for off in halves[qtype]:
@@ -268,46 +270,84 @@ def part_gemv(part: Part, ctx: dict) -> None:
                 np.uint8)
         return from_gguf(raw.reshape(*shape[:-1], -1), qtype, shape).to("cuda")
 
-    part.lines += ["| qtype | product | MiB read | default tiling µs | GB/s | of copy bw | best tiling | best µs | "
+    part.lines += ["Each product timed inside a CUDA graph (no launch overhead from Python, as in the decode graph), "
+                   "rotating over copies of the weights that together exceed the L2 cache.", "",
+                   "| qtype | product | MiB read | default tiling µs | GB/s | of copy bw | best tiling | best µs | "
                    "best of copy bw |", "|---|---|---|---|---|---|---|---|---|"]
-    search_until = time.monotonic() + 30  # other tilings are tried for this long (each is a compile)
-    for qtype in ("Q4_K", "Q6_K", "Q8_0"):
+    search_until = time.monotonic() + ctx.get("gemv_search_s", 60)  # other tilings are tried for this long
+    for qtype in ctx.get("gemv_qtypes", ("Q4_K", "Q6_K", "Q8_0")):
         part.lines += gemv_rows(qtype, weight, bw, search_until)
         torch.cuda.empty_cache()
-    part.lines.append("Other tilings tried for Q4_K only, for 30 s; the best column is the default where none won.")
+    part.lines.append("Other tilings tried for Q4_K only, while time was left; the best column is the default where "
+                      "none won.")
+
+
+def graph_us(calls: list[Callable[[], Any]]) -> float:
+    """µs per call of `calls` (each once, in order) recorded as one CUDA graph and replayed."""
+    import torch
+    from triton.testing import do_bench
+
+    for fn in calls[:2]:
+        fn()  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    return do_bench(graph.replay, rep=60) * 1e3 / len(calls)
 
 
 def gemv_rows(qtype: str, weight: Callable, bw: float, search_until: float) -> list[str]:
     """The 35B-A3B decode products in `qtype`: default tiling, and for Q4_K the best of GEMV_GRID."""
     import torch
-    from triton.testing import do_bench
 
     from autoinfer.refengine.ops.quant import gemv
 
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    x2 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     ids = torch.randperm(256, device="cuda")[:8]
     coef = torch.rand(8, device="cuda")
     h = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
-    lm, attn = weight(qtype, (248320, 2048)), weight(qtype, (8192, 2048))
-    gate, up, down = weight(qtype, (256, 512, 2048)), weight(qtype, (256, 512, 2048)), weight(qtype, (256, 2048, 512))
-    cases = [("lm_head 248320×2048", lm.nbytes(), lambda c: gemv.qgemv(x, lm, config=c), (248320, 8, 1, False)),
-             ("attn q 8192×2048", attn.nbytes(), lambda c: gemv.qgemv(x, attn, config=c), (8192, 8, 1, False)),
-             ("8 experts gate+up (GLU)", 16 * gate[0].nbytes(), lambda c: gemv.qgemv(x, gate, ids, up=up, config=c),
-              (512, 8, 8, True)),
-             ("8 experts down, summed", 8 * down[0].nbytes(),
-              lambda c: gemv.qgemv(h, down, ids, coef, torch.float32, config=c), (2048, 2, 8, False))]
+
+    def copies(shape: tuple[int, ...]) -> list:
+        one = weight(qtype, shape)
+        n = max(1, min(24, -(-256 * 2**20 // one.nbytes())))  # ≥ 256 MiB in all: past the 50 MB L2
+        return [one] + [weight(qtype, shape, seed) for seed in range(2, n + 1)]
+
+    lm = [weight(qtype, (248320, 2048))]
+    q, z, out = copies((8192, 2048)), copies((4096, 2048)), copies((2048, 4096))
+    sg, su, sd = copies((512, 2048)), copies((512, 2048)), copies((2048, 512))
+    n_exp = max(2, min(len(q), 3))  # expert stacks are 150 MiB each: a few
+    gate, up, down = ([weight(qtype, shape, seed) for seed in range(n_exp)] for shape in
+                      ((256, 512, 2048), (256, 512, 2048), (256, 2048, 512)))
+    cases = [("lm_head 248320×2048", lm[0].nbytes(), [lambda c, w=w: gemv.qgemv(x, w, config=c) for w in lm],
+              (248320, 8, 1, False)),
+             ("attn q / GDN qkv 8192×2048", q[0].nbytes(), [lambda c, w=w: gemv.qgemv(x, w, config=c) for w in q],
+              (8192, 8, 1, False)),
+             ("GDN z 4096×2048", z[0].nbytes(), [lambda c, w=w: gemv.qgemv(x, w, config=c) for w in z],
+              (4096, 8, 1, False)),
+             ("GDN out 2048×4096", out[0].nbytes(), [lambda c, w=w: gemv.qgemv(x2, w, config=c) for w in out],
+              (2048, 16, 1, False)),
+             ("shared gate+up (GLU) 512×2048", 2 * sg[0].nbytes(),
+              [lambda c, g=g, u=u: gemv.qgemv(x, g, up=u, config=c) for g, u in zip(sg, su)], (512, 8, 1, True)),
+             ("shared down 2048×512", sd[0].nbytes(), [lambda c, w=w: gemv.qgemv(h[:1], w, config=c) for w in sd],
+              (2048, 2, 1, False)),
+             ("8 experts gate+up (GLU)", 16 * gate[0][0].nbytes(),
+              [lambda c, g=g, u=u: gemv.qgemv(x, g, ids, up=u, config=c) for g, u in zip(gate, up)], (512, 8, 8, True)),
+             ("8 experts down, summed", 8 * down[0][0].nbytes(),
+              [lambda c, w=w: gemv.qgemv(h, w, ids, coef, torch.float32, config=c) for w in down], (2048, 2, 8, False))]
     lines = []
-    for label, nbytes, fn, (rows, blocks, items, glu) in cases:
+    for label, nbytes, fns, (rows, blocks, items, glu) in cases:
         scale = 8 if qtype == "Q8_0" else 1  # Q8_0 blocks hold 32 values, K-quant blocks 256
         default = gemv.default_config(qtype, rows, blocks * scale, items, glu)
-        t_default = do_bench(lambda: fn(default), rep=50) * 1e3
+        t_default = graph_us([lambda fn=fn: fn(default) for fn in fns])
         best = (t_default, default)
         for rows_per, nb, warps in GEMV_GRID if qtype == "Q4_K" else ():  # other tilings: the model's type
             cfg = gemv.GemvConfig(rows_per, nb, warps)
-            tile = rows_per * nb * triton_items(items)  # row-blocks a step decodes: 2-16 KB of weights
-            if cfg == default or not 16 <= tile <= 128 or nb > blocks or time.monotonic() > search_until:
+            tile = rows_per * nb * triton_items(items) * (2 if glu else 1)  # row-blocks a step decodes
+            if cfg == default or not 8 <= tile <= 128 or nb > blocks or time.monotonic() > search_until:
                 continue
-            t = do_bench(lambda: fn(cfg), rep=20) * 1e3
+            t = graph_us([lambda fn=fn: fn(cfg) for fn in fns])
             best = min(best, (t, cfg), key=lambda b: b[0])
         lines.append(f"| {qtype} | {label} | {nbytes / 2**20:.1f} | {t_default:.1f} | {nbytes / t_default / 1e3:.0f} | "
                      f"{nbytes / t_default * 1e6 / bw:.1%} | rows {best[1].rows}, blocks {best[1].blocks}, warps "
@@ -316,7 +356,7 @@ def gemv_rows(qtype: str, weight: Callable, bw: float, search_until: float) -> l
     return lines
 
 
-GEMV_GRID = [(rows, blocks, warps) for rows in (1, 2, 4, 8, 16) for blocks in (1, 2, 4) for warps in (4, 8)]
+GEMV_GRID = [(rows, blocks, warps) for rows in (1, 2, 4, 8, 16, 32) for blocks in (1, 2, 4) for warps in (2, 4, 8)]
 
 
 def triton_items(items: int) -> int:
@@ -481,13 +521,15 @@ def part_budget(part: Part, ctx: dict) -> None:
         raise RuntimeError("the 35B part did not load the model")
     model, budget = ctx["model_35b"], ctx["budget_mib"]
     torch.cuda.reset_peak_memory_stats()
-    configs = {f"budget {budget:.0f} MiB, prefetch 1": dict(FAST, budget_mib=budget, prefetch=1, max_context=1024),
-               f"budget {budget:.0f} MiB, no prefetch": dict(FAST, budget_mib=budget, prefetch=0, max_context=1024)}
+    configs = {f"budget {budget:.0f} MiB, CUDA graph (device lookups)": dict(FAST, budget_mib=budget, graphs=True,
+                                                                             max_context=1024),
+               f"budget {budget:.0f} MiB, prefetch 1 (graphs off)": dict(FAST, budget_mib=budget, prefetch=1,
+                                                                         max_context=1024)}
     engines = build_engines({"gguf": ctx["loaded_35b"]}, configs)
     plan = next(iter(engines.values())).stats()["device_plan"]
     part.lines.append("Device plan: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
                                                    for k, v in plan.items()))
-    timed = dict(list(engines.items())[:1])  # prefetch 1 against llama.cpp; both in the hit-rate pass below
+    timed = dict(list(engines.items())[:1])  # the graph against llama.cpp; both in the hit-rate pass below
     samples = engine_rounds(timed, model, ctx["llama"], ctx["llama_budget_args"], ctx["rounds"], ctx["reps"],
                             512, 64)
     part.lines += [f"Under {budget:.0f} MiB; llama-bench {' '.join(ctx['llama_budget_args'])}", "",
@@ -514,6 +556,98 @@ def part_budget(part: Part, ctx: dict) -> None:
     part.data.update(samples=samples, plan=plan, peak_reserved_mib=peak, experts=experts)
 
 
+def trace_summary(path: Path, steps: int) -> dict[str, Any]:
+    """Per decode step from a torch.profiler chrome trace: kernels (count, device time by name and grid), the time
+    the device was busy against the span from first kernel to last, host→device copies and host waits."""
+    events = json.loads(path.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    by_name: dict[str, list[float]] = {}
+    busy, end = 0.0, float("-inf")
+    for e in kernels:
+        grid = "x".join(str(g) for g in (e.get("args", {}).get("grid") or []))
+        name = e["name"].split("(")[0].split("<")[0].replace("void ", "")[-48:]
+        by_name.setdefault(f"{name} [{grid}]", []).append(e["dur"])
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = (end - kernels[0]["ts"]) if kernels else 0.0
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    waits = [e for e in runtime if any(w in e["name"] for w in ("Synchronize", "cudaMemcpy(", "cudaMemcpy "))
+             or e["name"] == "cudaMemcpy"]
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
+    return {"kernels": len(kernels) / steps, "busy_us": busy / steps, "span_us": span / steps,
+            "copies": len(copies) / steps, "copy_us": sum(e["dur"] for e in copies) / steps,
+            "host_waits": len(waits) / steps, "host_wait_us": sum(e["dur"] for e in waits) / steps,
+            "launch_calls": sum("Launch" in e["name"] for e in runtime) / steps,
+            "top": [(name, len(d) / steps, sum(d) / steps, statistics.median(d)) for name, d in top[:24]]}
+
+
+def profiled(fn: Callable[[], None], steps: int, trace: Path) -> tuple[float, dict[str, Any]]:
+    """Wall ms per step of `steps` calls of fn (synchronised), then the same calls under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps * 1e3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    return wall, trace_summary(trace, steps)
+
+
+def profile_lines(label: str, wall_ms: float, s: dict[str, Any]) -> list[str]:
+    lines = [f"### {label}: {wall_ms:.2f} ms a step without the profiler ({1e3 / wall_ms:.1f} tok/s)", "",
+             f"{s['kernels']:.0f} kernels a step, device busy {s['busy_us']:.0f} µs of a {s['span_us']:.0f} µs span "
+             f"(first kernel to last); {s['launch_calls']:.0f} launch calls; {s['copies']:.1f} copies "
+             f"({s['copy_us']:.0f} µs); {s['host_waits']:.1f} host waits ({s['host_wait_us']:.0f} µs)", "",
+             "| kernel [grid] | launches a step | µs a step | median µs |", "|---|---|---|---|"]
+    lines += [f"| {name} | {n:.1f} | {t:.0f} | {m:.1f} |" for name, n, t, m in s["top"]]
+    return lines + [""]
+
+
+def part_profile(part: Part, ctx: dict) -> None:
+    """One decode step of the 35B model, profiled: all on the GPU (CUDA graph and eager) and under the budget."""
+    import torch
+
+    from autoinfer.model.synth import cached_model
+
+    if "loaded_35b" not in ctx:
+        ctx["model_35b"] = ctx["model_35b_path"] or cached_model("35b-a3b", "Q4_K")
+        ctx["loaded_35b"] = load_weights(ctx["model_35b"], "gguf", pin=True)
+    folder = ctx["out"] / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    configs = {"graph": dict(FAST, graphs=True, max_context=1024), "eager": dict(FAST, max_context=1024)}
+    engines = build_engines({"gguf": ctx["loaded_35b"]}, configs)
+    prompt = list(range(7, 71))
+    for name, engine in engines.items():
+        logits, state = engine.prefill(prompt)
+        for t in range(8):
+            engine.decode(100 + t, state)  # warm: graph recorded, kernels compiled
+        wall, summary = profiled(lambda: engine.decode(5, state), 8, folder / f"trace-{name}.json")
+        part.lines += profile_lines(f"all on the GPU, {name}", wall, summary)
+        part.data[name] = dict(summary, wall_ms=wall)
+        log("\n".join(part.lines[-30:]))
+    engines.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+    budget = ctx["budget_mib"]
+    engine = build_engines({"gguf": ctx["loaded_35b"]}, {"b": dict(FAST, budget_mib=budget, graphs=True,
+                                                                   max_context=1024)})["b"]
+    logits, state = engine.prefill(prompt)
+    for t in range(8):
+        engine.decode(100 + t, state)
+    wall, summary = profiled(lambda: engine.decode(5, state), 4, folder / "trace-budget.json")
+    part.lines += profile_lines(f"budget {budget:.0f} MiB, CUDA graph (device lookups)", wall, summary)
+    part.data["budget"] = dict(summary, wall_ms=wall)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results")) / "refengine")
@@ -533,11 +667,12 @@ def main(argv: list[str] | None = None) -> None:
     report = Report(args.out, args.time_limit)
     ctx: dict[str, Any] = {"llama": find_llama_bench(args.llama_bin), "rounds": args.rounds, "reps": args.reps,
                            "budget_mib": args.budget_mib, "llama_budget_args": shlex.split(args.llama_budget_args),
-                           "bandwidth": float("nan"), "model_35b_path": args.model_35b}
+                           "bandwidth": float("nan"), "model_35b_path": args.model_35b,
+                           "out": args.out}
     report.header.append(f"`{' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}`; "
                          f"llama-bench: {ctx['llama'] or 'none (LLAMA_BIN unset)'}")
     parts = {"env": (part_env, 5), "gemv": (part_gemv, 60), "gdn": (part_gdn, 30), "small": (part_small, 60),
-             "35b": (part_35b, 240), "budget": (part_budget, 100)}
+             "35b": (part_35b, 240), "budget": (part_budget, 100), "profile": (part_profile, 90)}
     for name in args.parts.split(","):
         if name not in parts:
             raise SystemExit(f"unknown part {name!r}: choose from {', '.join(parts)}")
