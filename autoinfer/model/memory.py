@@ -142,6 +142,15 @@ class MemoryModel:
         return Prediction(float(x @ mean), math.sqrt(var), {k: float(v) for k, v in zip(FEATURES[:-1], x[:-1])},
                           tuple(float(m) for m in means) if len(rows) > 1 else ())
 
+    def difference(self, config: TrialConfig, other: TrialConfig) -> tuple[float, float]:
+        """The predicted peak of `config` minus that of `other` (fullest GPU of each) and the standard deviation of
+        that difference from the coefficients' uncertainty alone: a term the two share cancels, with its error."""
+        c = self.calibration
+        mean, cov = np.array(c.mean), np.array(c.cov)
+        a, b = (rows[int(np.argmax(rows @ mean))] for rows in (self.features(config), self.features(other)))
+        d = a - b
+        return float(d @ mean), math.sqrt(max(float(d @ cov @ d), 0.0))
+
     def calibrate(self, observations: Sequence[tuple[TrialConfig, float | Sequence[float]]]) -> Calibration:
         """Refit the coefficients to measured peaks (MiB: one per trial, or one per GPU on several GPUs); keeps the
         prior where the data say nothing."""

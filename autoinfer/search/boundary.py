@@ -6,8 +6,10 @@
    placement measured to fit, over it by less than the model's typical error (PROBE): only a measurement settles
    that. No safety step:
    the prediction decides, and measured peaks decide where they exist: a placement using no more memory
-   than one measured to fit fits, one using no less than one measured over does not. After two wrong
-   predictions the next trial bisects the placements still unknown.
+   than one measured to fit fits, one using no less than one measured over does not. The same placement
+   measured with other knob values carries its peak over, corrected by the model's predicted difference (whose
+   error the measured pairs of one placement give): measured where that says it fits, not probed where it is
+   over by more than its spread. After two wrong predictions the next trial bisects the placements still unknown.
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
    are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
    (a larger ubatch or KV cache needs room). Each move's chance to beat the incumbent comes from the performance
@@ -100,6 +102,7 @@ class Seen:
     runs: int = 1  # measured trials of this configuration whose samples the score pools
     log_var: float | None = None  # variance of log(score) from the pooled samples' spread (None: too few)
     evidence: float | None = None  # what the models learn from: the score, or a pruned trial's first repetition
+    peak_mib: float | None = None  # the measured peak on the budget's side
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,15 @@ class Candidate:
     mib: float
     speed: float
     whole: int  # repeating layers kept whole on the CPU
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A peak carried over from a trial of the same GPU share with other knob values."""
+
+    mib: float
+    sd: float
+    trial: int
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,7 @@ class Boundary:
         self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
         self.sampler = campaign.sampler.name
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
+        self._miss: float | None = None  # how far predicted peak differences missed, one proposal long
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
@@ -174,6 +187,7 @@ class Boundary:
             deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
         self._calibrate(seen)
         self._memo = {}
+        self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
         scored = [s for s in seen if s.score is not None]
         incumbent = max(scored, key=lambda s: s.score) if scored else None
         base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._typical()
@@ -332,7 +346,15 @@ class Boundary:
         over_at = min((m for m, s in measured if not s.fits), default=math.inf)
         known = [c for c in candidates if c.mib <= fit_at]
         limit = budget * (1 + PROBE) if fit_at > -math.inf else budget  # probe next to a measured fit only
-        unknown = [c for c in candidates if fit_at < c.mib < over_at and c.mib <= limit]
+        unknown, carried_fits = [], {}
+        for c in candidates:
+            if fit_at < c.mib < over_at:
+                carried = self._carried(c, knobs, seen)
+                if carried is not None and carried.mib <= budget:
+                    unknown.append(c)  # measured neighbours say it fits, whatever the prediction says
+                    carried_fits[id(c)] = carried
+                elif c.mib <= limit and (carried is None or carried.mib - KAPPA * carried.sd <= budget):
+                    unknown.append(c)
         pool = self._prefer_experts(known + unknown)
         if not pool:
             rest = [c for c in candidates if c.mib < over_at]
@@ -353,8 +375,50 @@ class Boundary:
             mid = open_[len(open_) // 2]
             return Choice(mid.params, f"boundary: bisect the placements between the measured peaks "
                                       f"({mid.mib:.0f} MiB predicted, {misses} predictions were wrong)")
+        if best.mib > budget and id(best) in carried_fits:
+            carried = carried_fits[id(best)]
+            return Choice(best.params, f"boundary: fastest placement carried over to fit ({best.mib:.0f} MiB "
+                                       f"predicted, {carried.mib:.0f} ± {carried.sd:.0f} from trial "
+                                       f"{carried.trial}'s measured peak with other knobs, of {budget:.0f})")
         return Choice(best.params, f"boundary: fastest placement predicted to fit ({best.mib:.0f} of "
                                    f"{budget:.0f} MiB)")
+
+    def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
+        """The candidate's peak carried over from the same GPU share measured with other knob values, with its
+        standard deviation: that peak plus the memory model's predicted difference between the two (the closest
+        such trial; None where the share was never measured). The model's error for one placement is mostly the
+        placement's own and cancels in the difference, so a placement measured over in one group is not probed
+        again in every other group, and one the model puts just over the budget is measured where its measured
+        neighbours say it fits. The spread adds to the coefficients' uncertainty how far the predicted
+        differences between measured pairs of one share missed (the model's form may not be llama.cpp's)."""
+        best = None
+        for s in seen:
+            if s.peak_mib is None or s.config is None or any(s.params.get(n) != v for n, v in candidate.params.items()):
+                continue
+            if all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral):
+                continue  # the same group: its measured peaks already bound the prediction
+            diff = self.memory.difference(candidate.config, s.config)
+            if diff is not None and (best is None or diff[1] < best.sd):
+                best = Carried(s.peak_mib + diff[0], diff[1], s.number)
+        if best is None or self._miss is None:
+            return None
+        return Carried(best.mib, math.hypot(best.sd, self._miss), best.trial)
+
+    def _difference_miss(self, seen: list[Seen]) -> float | None:
+        """Root mean square of measured minus predicted peak differences over pairs of trials of one GPU share
+        whose predictions differ; None without such a pair (then nothing is carried over)."""
+        by_share: dict[str, list[Seen]] = {}
+        for s in seen:
+            if s.peak_mib is not None and s.config is not None:
+                share = json.dumps({n: s.params.get(n) for n in self.share}, sort_keys=True, default=str)
+                by_share.setdefault(f"{s.config.model}|{share}", []).append(s)
+        misses = []
+        for group in by_share.values():
+            for a, b in itertools.combinations(group, 2):
+                diff = self.memory.difference(a.config, b.config)
+                if diff is not None and diff[0] != 0.0:
+                    misses.append((a.peak_mib - b.peak_mib) - diff[0])
+        return math.sqrt(statistics.fmean(m * m for m in misses)) if misses else None
 
     def _prefer_experts(self, pool: list[Candidate]) -> list[Candidate]:
         """Expert placements only, unless none fits or a whole-layer one is predicted faster."""
@@ -443,7 +507,7 @@ class Boundary:
             tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
             out.append(Seen(t.number, dict(t.params), score, fits, t.predicted_mib, config, tg, pp,
                             str(t.search_reason or ""), runs.get(_key(t.params), 1),
-                            self._log_var(samples) if samples else None, evidence))
+                            self._log_var(samples) if samples else None, evidence, peak or None))
         return out
 
     def _log_var(self, samples: dict[str, list[float]]) -> float | None:

@@ -36,6 +36,13 @@ class MemoryScreen:
         model = self.models.get(str(config.model))
         return model.predict(config) if model is not None else None
 
+    def difference(self, config: TrialConfig, other: TrialConfig) -> tuple[float, float] | None:
+        """Predicted peak of `config` minus `other`'s, with its standard deviation (None: no model for them)."""
+        model = self.models.get(str(config.model))
+        if model is None or str(other.model) != str(config.model):
+            return None
+        return model.difference(config, other)
+
     def skip(self, config: TrialConfig) -> Measurement | None:
         """A predicted_infeasible record when the configuration is confidently over the budget, else None."""
         search, budget = self.ctx.campaign.search, self.ctx.budget_mib

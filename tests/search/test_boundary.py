@@ -99,6 +99,7 @@ def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
     assert t.search_reason.startswith("again: no move or combination the model expects to beat trial")
     assert t.outcome == "ok" and t.tg_samples
 
+
 def _table_sweep(tmp_path: Path, rows: list[dict], trials: int):
     table = tmp_path / "knobs.csv"
     pd.DataFrame(rows).to_csv(table, index=False)
@@ -129,3 +130,20 @@ def test_a_value_measured_much_slower_is_not_measured_again_from_the_next_incumb
     assert sum(t.params["threads"] == 4 for t in measured) == 1, reasons
     best = max(rows, key=lambda r: r["tg"])
     assert any(t.params == {k: best[k] for k in ("threads", "type_k", "flash_attn")} for t in measured), reasons
+
+
+def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that_fit(tmp_path, monkeypatch):
+    """Synthetic table 108 at 12 GiB: experts of 28 layers in RAM fit only with a q8_0 K cache and flash
+    attention (12282 MiB); with f16 and flash attention off they measured 12307. The memory model alone puts the
+    fitting combination over the budget, so the search used to stay at 32 layers (9% slower); the measured peak,
+    carried over by the model's predicted difference, says it fits, and it is measured."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    table = synthetic_table(tmp_path, 108)
+    study = _replay(table, 12288.0, trials=14, seed=2)
+    measured = _measured(study)
+    reasons = [t.search_reason for t in measured]
+    carried = [t for t in measured if "carried over to fit" in str(t.search_reason)]
+    assert carried, reasons
+    assert all(t.params["cpu_expert_layers"] == 28 and t.vram_peak_mib <= 12288.0 for t in carried), reasons
