@@ -60,7 +60,7 @@ def test_gemv_matches_dense_product(qtype, m):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("rows, blocks", [(1, 1), (4, 2), (16, 4)])
+@pytest.mark.parametrize("rows, blocks", [(1, 1), (4, 2), (16, 4), (32, 1)])
 def test_gemv_tilings_agree(qtype, rows, blocks):
     """Every tiling the GPU heuristic can pick (rows per program, blocks per step) computes the same product."""
     n, k = 19, 512

@@ -99,10 +99,13 @@ class ExpertCache:
     def _victim(self, protected: set[tuple[int, int]]) -> int:
         if self.free:
             return self.free.pop()
-        candidates = [key for key in self.where if key not in protected]  # oldest first
-        if not candidates:
+        candidates = (key for key in self.where if key not in protected)  # oldest first
+        if self.policy == "lfu":
+            key = min(candidates, key=lambda k: self.uses[k], default=None)
+        else:  # the oldest unprotected key: a scan of a few keys, not of thousands of slots
+            key = next(candidates, None)
+        if key is None:
             raise RuntimeError("expert cache: every slot holds an expert the current step needs")
-        key = min(candidates, key=lambda k: self.uses[k]) if self.policy == "lfu" else candidates[0]
         self.prefetched.discard(key)
         self._evicted(key)
         return self.where.pop(key)

@@ -208,18 +208,34 @@ class GemvConfig:
 _STEP_ROW_BLOCKS = {"Q8_0": 128, "Q4_K": 32, "Q6_K": 32}
 _MAX_STEP_BLOCKS = {"Q8_0": 8, "Q4_K": 2, "Q6_K": 2}
 _TARGET_PROGRAMS = 264  # two per multiprocessor of an H100 (132): fewer leaves the chip idle
+# Q4_K single matrices (no stack of items), from the tilings timed on an H100 inside CUDA graphs
+# (benchmarks/results/refengine-h100.md, gemv part): 4 rows × 4 blocks a step beat 16 × 2 by 17-28% on the 35B-A3B
+# projections (4096-8192 rows); the 248320-row output matrix is fastest with 32 rows × 1 block on 2 warps (13%).
+# The 8 routed experts' gate+up (GLU) of a decode step: 1 row × 4 blocks on 8 warps beat 1 × 2 on 4 by 15%.
+_SINGLE_Q4_K = GemvConfig(4, 4)
+_MANY_ROWS, _MANY_ROWS_Q4_K = 65536, GemvConfig(32, 1, 2)
+_STACKED_GLU_Q4_K = GemvConfig(1, 4, 8)
 
 
 def default_config(qtype: str, n_rows: int, n_blocks: int, items: int, glu: bool = False,
                    on_gpu: bool = True) -> GemvConfig:
     """Enough row-blocks per step to keep loads in flight, and rows per program cut down until the grid has ~2
-    programs per multiprocessor (matrices of few rows get one row per program). The interpreter (CPU tests) runs
-    programs one by one, each at a fixed cost: there, few programs of many rows."""
+    programs per multiprocessor (matrices of few rows get one row per program); Q4_K single matrices take the
+    measured tilings above. The interpreter (CPU tests) runs programs one by one, each at a fixed cost: there, few
+    programs of many rows."""
     ap = triton.next_power_of_2(items)
     nb = min(triton.next_power_of_2(n_blocks), _MAX_STEP_BLOCKS[qtype])
     if not on_gpu:
         return GemvConfig(min(triton.next_power_of_2(n_rows), max(1, 256 // ap)), nb)
-    rows = max(1, _STEP_ROW_BLOCKS[qtype] // (nb * ap * (2 if glu else 1)))
+    if qtype == "Q4_K" and items > 1 and glu:
+        return GemvConfig(1, min(triton.next_power_of_2(n_blocks), _STACKED_GLU_Q4_K.blocks), _STACKED_GLU_Q4_K.warps)
+    if qtype == "Q4_K" and items == 1:
+        if n_rows >= _MANY_ROWS:
+            return _MANY_ROWS_Q4_K
+        nb = min(triton.next_power_of_2(n_blocks), _SINGLE_Q4_K.blocks)
+        rows = max(1, _SINGLE_Q4_K.rows * _SINGLE_Q4_K.blocks // (nb * (2 if glu else 1)))
+    else:
+        rows = max(1, _STEP_ROW_BLOCKS[qtype] // (nb * ap * (2 if glu else 1)))
     while rows > 1 and triton.cdiv(n_rows, rows) < _TARGET_PROGRAMS:
         rows //= 2
     return GemvConfig(rows, nb)
