@@ -274,8 +274,8 @@ def part_gemv(part: Part, ctx: dict) -> None:
                    "rotating over copies of the weights that together exceed the L2 cache.", "",
                    "| qtype | product | MiB read | default tiling µs | GB/s | of copy bw | best tiling | best µs | "
                    "best of copy bw |", "|---|---|---|---|---|---|---|---|---|"]
-    search_until = time.monotonic() + ctx.get("gemv_search_s", 60)  # other tilings are tried for this long
-    for qtype in ctx.get("gemv_qtypes", ("Q4_K", "Q6_K", "Q8_0")):
+    search_until = time.monotonic() + ctx["gemv_search_s"]  # other tilings are tried for this long
+    for qtype in ("Q4_K", "Q6_K", "Q8_0"):
         part.lines += gemv_rows(qtype, weight, bw, search_until)
         torch.cuda.empty_cache()
     part.lines.append("Other tilings tried for Q4_K only, while time was left; the best column is the default where "
@@ -336,6 +336,7 @@ def gemv_rows(qtype: str, weight: Callable, bw: float, search_until: float) -> l
               [lambda c, g=g, u=u: gemv.qgemv(x, g, ids, up=u, config=c) for g, u in zip(gate, up)], (512, 8, 8, True)),
              ("8 experts down, summed", 8 * down[0][0].nbytes(),
               [lambda c, w=w: gemv.qgemv(h, w, ids, coef, torch.float32, config=c) for w in down], (2048, 2, 8, False))]
+    cases = cases[-2:] + cases[:-2]  # the routed experts first: the tiling search is cut off when its time is up
     lines = []
     for label, nbytes, fns, (rows, blocks, items, glu) in cases:
         scale = 8 if qtype == "Q8_0" else 1  # Q8_0 blocks hold 32 values, K-quant blocks 256
@@ -493,6 +494,8 @@ def part_35b(part: Part, ctx: dict) -> None:
     # Experts pinned at load: the budget part's expert cache copies from these same host tensors.
     ctx["loaded_35b"] = loaded = load_weights(model, "gguf", pin=True)
     configs = {"GGUF blocks + Triton, CUDA graph": dict(FAST, graphs=True, max_context=1024),
+               "GGUF blocks + Triton, CUDA graph, prefill in one chunk": dict(FAST, graphs=True, max_context=1024,
+                                                                             prefill_chunk=512),
                "GGUF blocks + Triton (graphs off)": dict(FAST)}
     engines = build_engines({"gguf": loaded}, configs)
     floor, per_token = floor_tok_s(engines[next(iter(configs))], ctx["bandwidth"])
@@ -529,6 +532,8 @@ def part_budget(part: Part, ctx: dict) -> None:
     plan = next(iter(engines.values())).stats()["device_plan"]
     part.lines.append("Device plan: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
                                                    for k, v in plan.items()))
+    part.lines += ["Correctness (prompt of 64 tokens, 16 greedy steps):", "",
+                   *compare_logits(dict(reversed(list(engines.items()))), list(range(7, 71)), 16), ""]
     timed = dict(list(engines.items())[:1])  # the graph against llama.cpp; both in the hit-rate pass below
     samples = engine_rounds(timed, model, ctx["llama"], ctx["llama_budget_args"], ctx["rounds"], ctx["reps"],
                             512, 64)
@@ -602,8 +607,9 @@ def profiled(fn: Callable[[], None], steps: int, trace: Path) -> tuple[float, di
     return wall, trace_summary(trace, steps)
 
 
-def profile_lines(label: str, wall_ms: float, s: dict[str, Any]) -> list[str]:
-    lines = [f"### {label}: {wall_ms:.2f} ms a step without the profiler ({1e3 / wall_ms:.1f} tok/s)", "",
+def profile_lines(label: str, wall_ms: float, s: dict[str, Any], tokens: int = 1) -> list[str]:
+    """The profile of a step that consumes `tokens` tokens (a decode step 1, a prefill its prompt)."""
+    lines = [f"### {label}: {wall_ms:.2f} ms a step without the profiler ({tokens * 1e3 / wall_ms:.1f} tok/s)", "",
              f"{s['kernels']:.0f} kernels a step, device busy {s['busy_us']:.0f} µs of a {s['span_us']:.0f} µs span "
              f"(first kernel to last); {s['launch_calls']:.0f} launch calls; {s['copies']:.1f} copies "
              f"({s['copy_us']:.0f} µs); {s['host_waits']:.1f} host waits ({s['host_wait_us']:.0f} µs)", "",
@@ -613,7 +619,8 @@ def profile_lines(label: str, wall_ms: float, s: dict[str, Any]) -> list[str]:
 
 
 def part_profile(part: Part, ctx: dict) -> None:
-    """One decode step of the 35B model, profiled: all on the GPU (CUDA graph and eager) and under the budget."""
+    """One decode step of the 35B model, profiled: all on the GPU (CUDA graph and eager) and under the budget; and
+    a 512-token prefill (chunks of 64 and of 512)."""
     import torch
 
     from autoinfer.model.synth import cached_model
@@ -634,6 +641,16 @@ def part_profile(part: Part, ctx: dict) -> None:
         part.lines += profile_lines(f"all on the GPU, {name}", wall, summary)
         part.data[name] = dict(summary, wall_ms=wall)
         log("\n".join(part.lines[-30:]))
+    prompt_512 = list(range(11, 11 + 512))
+    for chunk in (64, 512):  # a 512-token prefill, eager: in chunks of the default 64 tokens, and in one chunk
+        engine = build_engines({"gguf": ctx["loaded_35b"]}, {"p": dict(FAST, prefill_chunk=chunk,
+                                                                       max_context=1024)})["p"]
+        engine.prefill(prompt_512)
+        wall, summary = profiled(lambda: engine.prefill(prompt_512), 1, folder / f"trace-prefill{chunk}.json")
+        part.lines += profile_lines(f"all on the GPU, a 512-token prefill in chunks of {chunk}", wall, summary,
+                                    len(prompt_512))
+        part.data[f"prefill{chunk}"] = dict(summary, wall_ms=wall)
+        del engine
     engines.clear()
     gc.collect()
     torch.cuda.empty_cache()
@@ -661,6 +678,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="llama-bench flags of the best llama.cpp configuration for the budget")
     p.add_argument("--time-limit", type=float, default=450,
                    help="seconds for the whole run (a device command may run 600 s, the GPU tests included)")
+    p.add_argument("--gemv-search-s", type=float, default=60, help="seconds the gemv part tries other tilings")
     p.add_argument("--model-35b", type=Path, default=None,
                    help="an existing 35B-A3B Q4_K GGUF (default: the synthetic one, written once per machine)")
     args = p.parse_args(argv)
@@ -668,6 +686,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx: dict[str, Any] = {"llama": find_llama_bench(args.llama_bin), "rounds": args.rounds, "reps": args.reps,
                            "budget_mib": args.budget_mib, "llama_budget_args": shlex.split(args.llama_budget_args),
                            "bandwidth": float("nan"), "model_35b_path": args.model_35b,
+                           "gemv_search_s": args.gemv_search_s,
                            "out": args.out}
     report.header.append(f"`{' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}`; "
                          f"llama-bench: {ctx['llama'] or 'none (LLAMA_BIN unset)'}")
