@@ -209,7 +209,7 @@ _STEP_ROW_BLOCKS = {"Q8_0": 128, "Q4_K": 32, "Q6_K": 32}
 _MAX_STEP_BLOCKS = {"Q8_0": 8, "Q4_K": 2, "Q6_K": 2}
 _TARGET_PROGRAMS = 264  # two per multiprocessor of an H100 (132): fewer leaves the chip idle
 # Q4_K single matrices (no stack of items), from the tilings timed on an H100 inside CUDA graphs
-# (benchmarks/results/refengine-h100.md, gemv part): 4 rows × 4 blocks a step beat 16 × 2 by 17-28% on the 35B-A3B
+# (benchmarks/results/refengine-h100.md, gemv part): 4 rows × 4 blocks a step beat 16 × 2 by 16-28% on the 35B-A3B
 # projections (4096-8192 rows); the 248320-row output matrix is fastest with 32 rows × 1 block on 2 warps (13%).
 # The 8 routed experts' gate+up (GLU) of a decode step: 1 row × 4 blocks on 8 warps beat 1 × 2 on 4 by 15%.
 _SINGLE_Q4_K = GemvConfig(4, 4)
