@@ -118,3 +118,4 @@ def test_step_expert_cache_decodes_like_resident_experts(model):
     assert cache.stats.misses > 0 and cache.stats.hits > 0
     assert cache.table.tolist() == cache.mirror.tolist() or cache.dirty
     assert sorted(s for s in cache.mirror.flatten().tolist() if s >= 0) == sorted(cache.where.values())
+    assert cache.device_bytes() == (16 + cached.cfg.n_experts_used) * cache.expert_bytes  # slots and staging rows

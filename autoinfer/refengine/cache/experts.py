@@ -213,6 +213,9 @@ class StepExpertCache(ExpertCache):
         self.host_storage = [[_storage(t) for t in (b.gate, b.up, b.down)] for b in host]
         self.pool_storage = [_storage(t) for t in (self.pool.gate, self.pool.up, self.pool.down)]
 
+    def device_bytes(self) -> int:
+        return (self.slots + self.log.shape[1]) * self.expert_bytes  # the staging rows too
+
     def _evicted(self, key: tuple[int, int]) -> None:
         self.mirror[key] = -1
         self.dirty = True
