@@ -36,8 +36,8 @@ class ReferenceEngine:
         on_device = weights.map(lambda name, t: t if is_routed_expert(name) else t.to(device))
         self.other_bytes = self.plan.other_bytes
         if slots and slots < cfg.n_experts * cfg.n_layers and options.graphs:  # lookups on the device
-            k = cfg.n_experts_used  # k of the slots the budget holds become the staging rows of a step's misses
-            experts = StepExpertCache(host_banks(banks, pin=True), max(slots - k, k), device, options.cache_policy, k)
+            experts = StepExpertCache(host_banks(banks, pin=True), slots, device, options.cache_policy,
+                                      cfg.n_experts_used)
         elif slots and slots < cfg.n_experts * cfg.n_layers:
             experts = ExpertCache(host_banks(banks, pin=device.type == "cuda"), slots, device,
                                   options.cache_policy, options.prefetch)

@@ -5,7 +5,7 @@ The graph reads the token id and its position from two device scalars written be
 state's caches in place (a static state keeps its tensors at fixed addresses). What it records must never wait for
 the device: the engine allows graphs only with op variants that read nothing back to the host (ops' CAPTURE_SAFE)
 and with every expert resident or in the step expert cache (cache/experts.py StepExpertCache: lookups on the device,
-misses read from pinned host memory, admissions by the host between steps). Recording runs the step once more on a side stream first (Triton compiles there,
+misses read from pinned host memory into spare slots, the host's bookkeeping between steps). Recording runs the step once more on a side stream first (Triton compiles there,
 not inside the capture); the state is restored afterwards, so recording changes nothing a caller can see.
 """
 

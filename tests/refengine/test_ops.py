@@ -204,28 +204,29 @@ def test_triton_add_rms_norm_matches_torch(shape, shared, dtype):
 
 @pytest.mark.parametrize("row_bytes", [(576, 576, 288), (34, 34, 70), (7, 7, 9)])  # words of 4, 2 and 1 bytes
 def test_expert_fetch_kernel_matches_torch(row_bytes):
-    """Hits read their slot; misses are copied from host storage into the staging rows; the choices are logged."""
+    """Hits read their slot; the r-th miss is copied from host storage into spare r; choices and rows are logged."""
     from autoinfer.refengine.cache.fetch import fetch_experts, fetch_naive
 
     gen = torch.Generator().manual_seed(sum(row_bytes))
-    n_experts, slots, k = 10, 6, 4
+    n_experts, slots = 10, 9
     host = [torch.randint(0, 256, (n_experts, 3, b), generator=gen, dtype=torch.uint8) for b in row_bytes]
     table = torch.full((n_experts,), -1, dtype=torch.int32)
     table[torch.tensor([1, 4, 7])] = torch.tensor([5, 0, 2], dtype=torch.int32)
     expert = torch.tensor([4, 3, 7, 9])  # hit, miss, hit, miss
+    spare = torch.tensor([8, 3, 6, 1], dtype=torch.int32)
     outs = []
     for fn in (fetch_naive, fetch_experts):
-        pool = [torch.randint(0, 256, (slots + k, *t.shape[1:]), generator=gen, dtype=torch.uint8) for t in host]
+        pool = [torch.randint(0, 256, (slots, *t.shape[1:]), generator=gen, dtype=torch.uint8) for t in host]
         before = [t.clone() for t in pool]
-        log = torch.full((k,), -7)
-        rows = fn(expert, table, host, pool, slots, log)
+        log = torch.full((2, 4), -7)
+        rows = fn(expert, table, host, pool, spare, log)
         outs.append((rows, pool, before, log))
-    (ref_rows, ref_pool, ref_before, _), (rows, pool, before, log) = outs
-    assert rows.tolist() == ref_rows.tolist() == [0, slots + 1, 2, slots + 3]
-    assert torch.equal(log, expert)
+    (ref_rows, ref_pool, ref_before, ref_log), (rows, pool, before, log) = outs
+    assert rows.tolist() == ref_rows.tolist() == [0, 8, 2, 3]
+    assert torch.equal(log, ref_log) and log[0].tolist() == expert.tolist() and log[1].tolist() == rows.tolist()
     for t, b, src in zip(pool, before, host):
-        assert torch.equal(t[slots + 1], src[3]) and torch.equal(t[slots + 3], src[9])
-        untouched = [r for r in range(slots + k) if r not in (slots + 1, slots + 3)]
+        assert torch.equal(t[8], src[3]) and torch.equal(t[3], src[9])
+        untouched = [r for r in range(slots) if r not in (8, 3)]
         assert torch.equal(t[untouched], b[untouched])
 
 

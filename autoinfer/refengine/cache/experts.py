@@ -5,8 +5,8 @@ memory (dense, or in their GGUF blocks) and are copied on use into N device slot
 by LRU or LFU; optionally the likely experts of the next `prefetch` layers are copied early (predicted by applying
 those layers' routers to the current hidden state) on a side CUDA stream while this layer computes. Both run a
 layer's routed assignments through an op from ops/moe. `StepExpertCache`: the same slots and policy, but a decode
-step looks its experts up on the device (cache/fetch.py: misses are read from pinned host memory inside the step),
-so the step is one CUDA graph; the host admits the step's misses into slots after it.
+step looks its experts up on the device (cache/fetch.py: misses are read from pinned host memory inside the step,
+into spare slots set aside per layer), so the step is one CUDA graph; the host updates its bookkeeping after it.
 """
 
 from __future__ import annotations
@@ -74,15 +74,16 @@ class ExpertCache:
     """N device slots in front of host-resident experts."""
 
     def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str = "lru",
-                 prefetch: int = 0, extra_rows: int = 0):
+                 prefetch: int = 0):
         if policy not in POLICIES:
             raise UserError(f"expert cache policy {policy!r} is not one of {', '.join(POLICIES)}")
         if slots < 1:
             raise UserError(f"expert_slots must be ≥ 1 for the expert cache (got {slots})")
         self.host, self.policy, self.prefetch, self.device = host, policy, prefetch, torch.device(device)
         ref = host[0]
-        self.pool = ExpertBank(*(_empty_rows(t, slots + extra_rows, self.device) for t in (ref.gate, ref.up, ref.down)))
+        self.pool = ExpertBank(*(_empty_rows(t, slots, self.device) for t in (ref.gate, ref.up, ref.down)))
         self.slots = slots
+        self.room = slots  # slots a prefill's round may fill
         self.where: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) → slot, LRU order
         self.uses: dict[tuple[int, int], int] = {}
         self.free = list(range(slots))
@@ -179,11 +180,11 @@ class ExpertCache:
 
     def run(self, layer: int, x: torch.Tensor, token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
             fn: MoeFn) -> torch.Tensor:
-        """Experts of this layer in rounds of at most `slots` (a long prefill can need more than fit)."""
+        """Experts of this layer in rounds of at most `room` slots (a long prefill can need more than fit)."""
         needed = torch.unique(expert).tolist()
         y = None
-        for start in range(0, len(needed), self.slots):
-            group = needed[start:start + self.slots]
+        for start in range(0, len(needed), self.room):
+            group = needed[start:start + self.room]
             slot_of = self.ensure(layer, group)
             table = torch.full((self.host[layer].gate.shape[0],), -1, dtype=torch.long)
             table[list(slot_of)] = torch.tensor(list(slot_of.values()))
@@ -196,25 +197,30 @@ class ExpertCache:
 
 class StepExpertCache(ExpertCache):
     """The expert cache for a decode step recorded as a CUDA graph. A device table (layer × expert → slot, −1 where
-    absent) mirrors where the experts are; in a decode step each layer's k choices are looked up there on the device
-    and a missing expert is read from pinned host memory into one of k staging rows behind the slots
-    (cache/fetch.py), so the step never waits for the host. After the step the host reads the logged choices back,
-    counts hits, and admits the misses into slots by the policy (copies on the compute stream, before the next step
-    reads the table). A miss thus crosses PCIe twice: read by the step, copied on admission. Prefill (several
-    tokens) runs as in ExpertCache."""
+    absent) mirrors where the experts are, and each layer has k spare slots set aside. In a decode step each layer's
+    k choices are looked up on the device; a missing expert is read from pinned host memory straight into one of its
+    layer's spares (cache/fetch.py), so the step never waits for the host and each miss crosses PCIe once. After the
+    step the host reads the logged choices and rows back, counts hits, records the missed experts in the spares they
+    now occupy, and sets new spares aside by evicting by the policy; the table and spares reach the device before the
+    next step reads them. The spares (n_layers · k slots) are held back from the cached experts. Prefill (several
+    tokens) runs as in ExpertCache, in the slots that are not spares."""
 
     def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str, k: int):
-        super().__init__(host, slots, device, policy, prefetch=0, extra_rows=k)
         n_layers, n_experts = len(host), host[0].rows
+        if slots < 3 * n_layers * k:  # spares, the experts a step uses, and as many again to evict for new spares
+            raise UserError(f"an expert cache of {slots} slots under graphs: on needs ≥ {3 * n_layers * k} (3 × "
+                            f"{n_layers} layers × {k} experts a token: spares, the experts of a step, and victims for "
+                            "new spares); raise the budget or use graphs: off")
+        super().__init__(host, slots, device, policy, prefetch=0)
+        self.room = slots - n_layers * k
+        self.spares = [[self.free.pop() for _ in range(k)] for _ in range(n_layers)]
+        self.spare = torch.tensor(self.spares, dtype=torch.int32, device=self.device)
         self.mirror = torch.full((n_layers, n_experts), -1, dtype=torch.int32)
         self.table = self.mirror.to(self.device)
-        self.log = torch.zeros(n_layers, k, dtype=torch.long, device=self.device)
-        self.dirty = False  # the mirror changed since the table was last copied from it
+        self.log = torch.zeros(n_layers, 2, k, dtype=torch.long, device=self.device)  # [layer] = (experts, rows)
+        self.dirty = False  # the mirror or the spares changed since the device copies were made
         self.host_storage = [[_storage(t) for t in (b.gate, b.up, b.down)] for b in host]
         self.pool_storage = [_storage(t) for t in (self.pool.gate, self.pool.up, self.pool.down)]
-
-    def device_bytes(self) -> int:
-        return (self.slots + self.log.shape[1]) * self.expert_bytes  # the staging rows too
 
     def _evicted(self, key: tuple[int, int]) -> None:
         self.mirror[key] = -1
@@ -228,29 +234,43 @@ class StepExpertCache(ExpertCache):
             fn: MoeFn) -> torch.Tensor:
         if x.shape[0] != 1:
             return super().run(layer, x, token, expert, weight, fn)
-        rows = fetch_experts(expert, self.table[layer], self.host_storage[layer], self.pool_storage, self.slots,
-                             self.log[layer])
+        rows = fetch_experts(expert, self.table[layer], self.host_storage[layer], self.pool_storage,
+                             self.spare[layer], self.log[layer])
         return fn(x, token, rows, weight, self.pool)
 
     def before_step(self) -> None:
-        """The table takes the mirror's changes (admissions, prefill) before a decode step reads it."""
+        """The table and the spares take the host's changes (admissions, evictions, prefill) before a decode step."""
         if self.dirty:
             self.table.copy_(self.mirror)
+            self.spare.copy_(torch.tensor(self.spares, dtype=torch.int32))
             self.dirty = False
 
     def after_step(self) -> None:
-        """Count the decode step's hits and admit its misses (waits for the step: its choices are read back)."""
-        for layer, experts in enumerate(self.log.tolist()):
-            keys = [(layer, e) for e in experts]
-            protected = set(keys)
-            for key in keys:
-                if key in self.where:
+        """Count the decode step's hits, record its misses where they were read to, then set new spares aside (waits
+        for the step: its choices are read back). Nothing the step used is evicted for a spare: a later layer's hit
+        would otherwise be taken for a miss, and its slot handed out twice."""
+        step = [([(layer, e) for e in experts], rows) for layer, (experts, rows) in enumerate(self.log.tolist())]
+        used = []
+        for keys, rows in step:
+            misses = 0
+            for key, row in zip(keys, rows):
+                if self.where.get(key) == row:
                     self.stats.hits += 1
                     self.where.move_to_end(key)
-                else:
+                else:  # read from host memory into this layer's next spare
                     self.stats.misses += 1
-                    self._load(key, protected, None)
+                    self.stats.bytes_fetched += self.expert_bytes
+                    self.where[key] = row
+                    self._placed(key, row)
+                    self.uses.setdefault(key, 0)
+                    misses += 1
                 self.uses[key] += 1
+            used.append(misses)
+        protected = {key for keys, _ in step for key in keys}
+        for layer, misses in enumerate(used):
+            if misses:
+                self.spares[layer] = self.spares[layer][misses:] + [self._victim(protected) for _ in range(misses)]
+                self.dirty = True
 
 
 def host_banks(banks: list[ExpertBank], pin: bool) -> list[ExpertBank]:
