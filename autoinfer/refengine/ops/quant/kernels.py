@@ -74,6 +74,22 @@ def _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE: tl.constexpr, BB: tl.
 
 
 @triton.jit
+def _q4k_scale(u8, base, d, dmin, s: tl.constexpr):
+    """Scale and min of sub-block s (0..7, known at compile time) of the Q4_K blocks at `base` ([BN] bytes):
+    (d · scale, dmin · min), each [BN] fp32."""
+    if s < 4:
+        scale = tl.load(u8 + base + 4 + s).to(tl.int32) & 63
+        mn = tl.load(u8 + base + 8 + s).to(tl.int32) & 63
+    else:
+        a = tl.load(u8 + base + 4 + s).to(tl.int32)  # scales[s]: its top bits
+        c = tl.load(u8 + base + s).to(tl.int32)  # scales[s - 4]: its top bits
+        b = tl.load(u8 + base + 8 + s).to(tl.int32)  # scales[s + 4]: the low bits
+        scale = (b & 0xF) | ((c >> 6) << 4)
+        mn = (b >> 4) | ((a >> 6) << 4)
+    return d * scale.to(tl.float32), dmin * mn.to(tl.float32)
+
+
+@triton.jit
 def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, x_rows_ptr, block_matrix_ptr, M, N, row_bytes, n_blocks,
                  QTYPE: tl.constexpr, QK: tl.constexpr, BB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  GROUPED: tl.constexpr, SUB: tl.constexpr):
@@ -92,12 +108,28 @@ def _gemm_kernel(x_ptr, u8, i8, f16, out_ptr, x_rows_ptr, block_matrix_ptr, M, N
     j = tl.arange(0, SUB)
     K = n_blocks * QK
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for blk in range(0, n_blocks):
-        for start in tl.static_range(0, QK, SUB):  # a K-quant block in parts: a whole one spills at BN = 64
-            x = tl.load(x_ptr + x_row[:, None] * K + blk * QK + start + j[None, :], mask=x_row[:, None] >= 0,
-                        other=0.0)
-            w = _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE, BB, SUB).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w))
+    if QTYPE == 1:  # Q4_K: each 64-value group is 32 bytes, low nibbles then high; scales decoded once a row
+        h = tl.arange(0, 32)
+        x_ok = x_row[:, None] >= 0
+        for blk in range(0, n_blocks):
+            base = rows * row_bytes + blk * BB  # [BN]
+            d = tl.load(f16 + base // 2).to(tl.float32)
+            dmin = tl.load(f16 + base // 2 + 1).to(tl.float32)
+            for grp in tl.static_range(0, 4):
+                q = tl.load(u8 + base[:, None] + 16 + 32 * grp + h[None, :]).to(tl.int32)  # [BN, 32]
+                for half in tl.static_range(0, 2):
+                    ds, dm = _q4k_scale(u8, base, d, dmin, 2 * grp + half)
+                    w = ((q >> (4 * half)) & 0xF).to(tl.float32) * ds[:, None] - dm[:, None]
+                    x = tl.load(x_ptr + x_row[:, None] * K + blk * QK + 64 * grp + 32 * half + h[None, :],
+                                mask=x_ok, other=0.0)
+                    acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    else:
+        for blk in range(0, n_blocks):
+            for start in tl.static_range(0, QK, SUB):  # a K-quant block in parts: a whole one spills at BN = 64
+                x = tl.load(x_ptr + x_row[:, None] * K + blk * QK + start + j[None, :], mask=x_row[:, None] >= 0,
+                            other=0.0)
+                w = _tile(u8, i8, f16, rows, row_bytes, blk, start, QTYPE, BB, SUB).to(x.dtype)
+                acc += tl.dot(x, tl.trans(w))
     tl.store(out_ptr + m[:, None].to(tl.int64) * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(m[:, None] < M) & (n[None, :] < N))
 
