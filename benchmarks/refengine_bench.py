@@ -494,8 +494,8 @@ def part_35b(part: Part, ctx: dict) -> None:
     # Experts pinned at load: the budget part's expert cache copies from these same host tensors.
     ctx["loaded_35b"] = loaded = load_weights(model, "gguf", pin=True)
     configs = {"GGUF blocks + Triton, CUDA graph": dict(FAST, graphs=True, max_context=1024),
-               "GGUF blocks + Triton, CUDA graph, prefill in one chunk": dict(FAST, graphs=True, max_context=1024,
-                                                                             prefill_chunk=512),
+               "GGUF blocks + Triton, CUDA graph, prefill in chunks of 64": dict(FAST, graphs=True, max_context=1024,
+                                                                                 prefill_chunk=64),
                "GGUF blocks + Triton (graphs off)": dict(FAST)}
     engines = build_engines({"gguf": loaded}, configs)
     floor, per_token = floor_tok_s(engines[next(iter(configs))], ctx["bandwidth"])
@@ -642,7 +642,7 @@ def part_profile(part: Part, ctx: dict) -> None:
         part.data[name] = dict(summary, wall_ms=wall)
         log("\n".join(part.lines[-30:]))
     prompt_512 = list(range(11, 11 + 512))
-    for chunk in (64, 512):  # a 512-token prefill, eager: in chunks of the default 64 tokens, and in one chunk
+    for chunk in (64, 512):  # a 512-token prefill, eager: in chunks of 64 tokens, and in one (the default)
         engine = build_engines({"gguf": ctx["loaded_35b"]}, {"p": dict(FAST, prefill_chunk=chunk,
                                                                        max_context=1024)})["p"]
         engine.prefill(prompt_512)

@@ -29,7 +29,7 @@ def bench(
                                                "memory budget instead."),
     prefetch: int = typer.Option(0, "--prefetch", min=0, help="Prefetch the predicted experts of this many layers "
                                  "ahead."),
-    prefill_chunk: int = typer.Option(64, "--prefill-chunk", min=1, help="Tokens per prefill segment (and "
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="Tokens per prefill segment (and "
                                       "snapshot interval)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads."),
 ) -> None:

@@ -35,7 +35,7 @@ class EngineOptions:
     gdn: str = "chunk"
     moe: str = "grouped"
     norm: str = "torch"
-    prefill_chunk: int = 64
+    prefill_chunk: int = 512
     torch_threads: int | None = None
     expert_slots: int = 0
     budget_mib: float | None = None

@@ -11,7 +11,8 @@ from autoinfer.cli import app
 
 def test_engine_bench_prints_variants_errors_and_floors(hf_gguf):
     result = CliRunner().invoke(app, ["engine", "bench", "--model", str(hf_gguf), "--n-prompt", "128", "--n-gen",
-                                      "2", "--reps", "1", "--threads", "1", "--expert-slots", "6"])
+                                      "2", "--reps", "1", "--threads", "1", "--expert-slots", "6",
+                                      "--prefill-chunk", "64"])  # snapshots every 64 tokens: half the prompt reused
     assert result.exit_code == 0, result.output
     out = result.output
     assert re.search(r"measured bandwidth [0-9.]+ GB/s; 6 expert slots", out)
