@@ -555,9 +555,10 @@ def part_budget(part: Part, ctx: dict) -> None:
                           f"{st.bytes_fetched / 64 / 2**20:.1f} |")
     peak = torch.cuda.max_memory_reserved() / 2**20
     part.lines += ["", f"torch's peak reserved device memory {peak:.0f} MiB with both engines built (the budget holds "
-                   "per engine; the CUDA context adds ~500 MiB outside torch's count). Synthetic weights route "
-                   "near-uniformly, so the hit rate is about slots / experts: a real model's skewed routing hits "
-                   "more, and the next router predicts real routing better than random weights'."]
+                   "per engine; the CUDA context adds ~500 MiB outside torch's count). Routing uniform over the "
+                   f"experts would hit about slots / experts ({plan['experts_on_device'] / plan['n_experts']:.0%}); "
+                   "a rate above that is this stand-in's routing repeating from token to token: a real model's "
+                   "routing, hence its hit rate and budgeted speed, differs."]
     part.data.update(samples=samples, plan=plan, peak_reserved_mib=peak, experts=experts)
 
 
