@@ -137,7 +137,7 @@ class MemoryModel:
         c = self.calibration
         mean, cov = np.array(c.mean), np.array(c.cov)
         means = rows @ mean
-        x = rows[int(np.argmax(means))]
+        x = _fullest(rows, mean)
         var = c.noise_mib ** 2 + float(x @ cov @ x)
         return Prediction(float(x @ mean), math.sqrt(var), {k: float(v) for k, v in zip(FEATURES[:-1], x[:-1])},
                           tuple(float(m) for m in means) if len(rows) > 1 else ())
@@ -147,8 +147,7 @@ class MemoryModel:
         that difference from the coefficients' uncertainty alone: a term the two share cancels, with its error."""
         c = self.calibration
         mean, cov = np.array(c.mean), np.array(c.cov)
-        a, b = (rows[int(np.argmax(rows @ mean))] for rows in (self.features(config), self.features(other)))
-        d = a - b
+        d = _fullest(self.features(config), mean) - _fullest(self.features(other), mean)
         return float(d @ mean), math.sqrt(max(float(d @ cov @ d), 0.0))
 
     def calibrate(self, observations: Sequence[tuple[TrialConfig, float | Sequence[float]]]) -> Calibration:
@@ -195,3 +194,8 @@ class MemoryModel:
             mean, _ = self._posterior(X[keep], y[keep], noise)
             errors.append(abs(float(X[i] @ mean) - y[i]) / y[i])
         return float(np.median(errors))
+
+
+def _fullest(rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """The feature row of the device with the largest predicted peak (the one a budget binds)."""
+    return rows[int(np.argmax(rows @ mean))]

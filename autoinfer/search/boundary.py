@@ -391,6 +391,8 @@ class Boundary:
         again in every other group, and one the model puts just over the budget is measured where its measured
         neighbours say it fits. The spread adds to the coefficients' uncertainty how far the predicted
         differences between measured pairs of one share missed (the model's form may not be llama.cpp's)."""
+        if self._miss is None:
+            return None
         best = None
         for s in seen:
             if s.peak_mib is None or s.config is None or any(s.params.get(n) != v for n, v in candidate.params.items()):
@@ -400,7 +402,7 @@ class Boundary:
             diff = self.memory.difference(candidate.config, s.config)
             if diff is not None and (best is None or diff[1] < best.sd):
                 best = Carried(s.peak_mib + diff[0], diff[1], s.number)
-        if best is None or self._miss is None:
+        if best is None:
             return None
         return Carried(best.mib, math.hypot(best.sd, self._miss), best.trial)
 
