@@ -20,12 +20,12 @@ from autoinfer.model.resolve import SYNTH_PREFIX
 from autoinfer.store.trials import Store
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     # finite numbers only: an infinite timeout or budget would be stored as null and fail when read back
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class IntRange(_Strict):
+class IntRange(StrictModel):
     low: int
     high: int
     step: int = Field(1, ge=1)
@@ -40,7 +40,7 @@ class IntRange(_Strict):
         return self
 
 
-class FloatRange(_Strict):
+class FloatRange(StrictModel):
     low: float
     high: float
     log: bool = False
@@ -60,18 +60,18 @@ ParamSpec = Union[IntRange, FloatRange, list[Scalar], Scalar]
 OBJECTIVES = ("tg", "pp")
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     trials: int = Field(12, ge=1)
     wall_s: float | None = Field(None, gt=0)
 
 
-class Constraints(_Strict):
+class Constraints(StrictModel):
     vram_mib: float | None = Field(None, gt=0)
     ram_mib: float | None = Field(None, gt=0)
     max_kld: float | None = Field(None, gt=0)  # model files whose KL divergence (nats) is larger are infeasible
 
 
-class Quality(_Strict):
+class Quality(StrictModel):
     """How the quality of each model file is measured (autoinfer.llama.quality), when the campaign uses it."""
 
     reference: str | None = None  # file KLD is measured against; default: the highest-precision model file
@@ -80,7 +80,7 @@ class Quality(_Strict):
     chunks: int | None = Field(None, ge=1)
 
 
-class Measure(_Strict):
+class Measure(StrictModel):
     n_prompt: int = Field(64, ge=0)
     n_gen: int = Field(16, ge=0)
     repetitions: int = Field(3, ge=1)
@@ -95,12 +95,12 @@ class Measure(_Strict):
         return self
 
 
-class Sampler(_Strict):
+class Sampler(StrictModel):
     name: Literal["tpe", "random"] = "tpe"
     seed: int | None = 0
 
 
-class Search(_Strict):
+class Search(StrictModel):
     """How the search uses the model and the memory budget (autoinfer.search.informed)."""
 
     informed: bool = True  # use the model and the budget (strategy below); false: the sampler alone
@@ -114,7 +114,7 @@ class Search(_Strict):
     prune_below: float | None = Field(0.5, gt=0, lt=1)  # cut a trial whose first repetition is below this × best
 
 
-class Confirm(_Strict):
+class Confirm(StrictModel):
     """Final re-measurement of the top configurations, interleaved, in fresh processes (autoinfer.sweep.confirm)."""
 
     enabled: bool = True  # when the trial budget is spent; `autoinfer sweep --confirm` runs it on demand
@@ -137,7 +137,7 @@ class Confirm(_Strict):
         return self
 
 
-class Drift(_Strict):
+class Drift(StrictModel):
     """A fixed anchor configuration re-measured during the campaign (autoinfer.sweep.drift)."""
 
     every: int | None = Field(10, ge=1)  # trials between anchor runs; null turns the anchor off
@@ -148,7 +148,7 @@ class Drift(_Strict):
     baseline: dict[str, Scalar] = Field(default_factory=dict)  # overrides of the first OK trial's configuration
 
 
-class Idle(_Strict):
+class Idle(StrictModel):
     """What to do when another program uses the GPU or the CPU before a trial (autoinfer.measure.idle)."""
 
     policy: Literal["wait", "warn", "refuse", "off"] = "warn"
@@ -156,7 +156,7 @@ class Idle(_Strict):
     wait_s: float = Field(120, ge=0)
 
 
-class InjectLoad(_Strict):
+class InjectLoad(StrictModel):
     """A planted CPU load (busy-loop processes) during part of a campaign, to check the drift guard on one's own
     machine: the anchor after it must drift and the trials under it must be re-queued."""
 
@@ -165,7 +165,7 @@ class InjectLoad(_Strict):
     processes: int = Field(2, ge=1)
 
 
-class Workers(_Strict):
+class Workers(StrictModel):
     """Several workers on one study (autoinfer.coordination.worker): liveness of their trials and host sharing."""
 
     allow_concurrent_on_host: bool = False  # true: workers on one machine measure at the same time (hostlock)
@@ -184,7 +184,7 @@ class Workers(_Strict):
         return self.grace_s if self.grace_s is not None else 3 * self.heartbeat_s
 
 
-class Campaign(_Strict):
+class Campaign(StrictModel):
     """A validated campaign. `space` maps parameter names to a fixed value, a list (categorical) or a range."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -315,7 +315,7 @@ def check_space(campaign: Campaign, knobs: Mapping[str, Knob]) -> None:
                 raise UserError(f"{where}: {problem}")
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+def pydantic_message(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "union[", "list[")))
     msg = err["msg"]
@@ -337,7 +337,7 @@ def parse_campaign(data: Any, source: str = "<campaign>") -> Campaign:
     try:
         campaign = Campaign.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise UserError(f"{source}: {_pydantic_message(exc)}") from None
+        raise UserError(f"{source}: {pydantic_message(exc)}") from None
     try:
         stored = Campaign.from_json(campaign.to_json())
     except (ValidationError, ValueError) as exc:

@@ -441,6 +441,58 @@ class Confirmation:
         return next(f for f in self.finalists if f.trial == trial)
 
 
+# ----------------------------------------------------------------------------------------------- a contest
+
+
+@dataclass(frozen=True)
+class ContestEntry:
+    """One configuration in a contest's final: a trial of a contender's study, and the engine that ran it. `key` is
+    its number in the final (the Confirmation's finalists and runs are keyed by it)."""
+
+    key: int
+    study: str
+    engine: str
+    trial: int
+
+    def label(self) -> str:
+        return f"{self.study} trial {self.trial} ({self.engine})"
+
+
+@dataclass(frozen=True)
+class ContestRecord:
+    """A contest's final: the contenders' finalists re-measured interleaved, the verdict, and what was left out."""
+
+    contest: str  # the contest file as JSON
+    entries: tuple[ContestEntry, ...]
+    left_out: tuple[str, ...]  # contenders with no finalist, and why
+    after_trials: Mapping[str, int]  # each contender study's finished trials when the final ran
+    final: Confirmation | None  # None when fewer than two finalists were left
+
+    @classmethod
+    def from_attr(cls, data: Mapping[str, Any]) -> ContestRecord:
+        final = data.get("final")
+        return cls(data["contest"], tuple(ContestEntry(**e) for e in data.get("entries") or ()),
+                   _tuple(data.get("left_out")), dict(data.get("after_trials") or {}),
+                   Confirmation.from_attr(final) if final else None)
+
+    def to_attr(self) -> dict[str, Any]:
+        return {"contest": self.contest, "entries": [asdict(e) for e in self.entries], "left_out": list(self.left_out),
+                "after_trials": dict(self.after_trials), "final": self.final.to_attr() if self.final else None}
+
+    def entry(self, key: int) -> ContestEntry:
+        return next(e for e in self.entries if e.key == key)
+
+    def label(self, key: int) -> str:
+        return self.entry(key).label()
+
+    @property
+    def winner(self) -> ContestEntry | None:
+        """The recommended entry: the final's, or the only finalist when no final could run."""
+        if self.final is not None:
+            return self.entry(self.final.verdict.recommended) if self.final.verdict.recommended is not None else None
+        return self.entries[0] if len(self.entries) == 1 else None
+
+
 # ----------------------------------------------------------------------------------------------- the drift anchor
 
 
@@ -613,6 +665,7 @@ class StudyRecord:
                                                           encode=lambda v: {k: asdict(c) for k, c in v.items()})
     search_notes: tuple[str, ...] = _attr(factory=tuple, decode=_tuple, encode=_list)  # what the informed start did
     pareto_front: tuple[int, ...] | None = _attr(decode=_tuple, encode=_list)  # trial numbers, `objective: pareto`
+    contest: ContestRecord | None = _attr(decode=ContestRecord.from_attr, encode=ContestRecord.to_attr)
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyRecord:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import optuna
 from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import Campaign
+from autoinfer.campaign.spec import Confirm as ConfirmSpec
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.measure.stats import bootstrap_ci, compare, holm
 from autoinfer.paths import results_dir
@@ -85,9 +86,15 @@ def lighter_alternative(medians: dict[int, float], memory: dict[int, float], cho
     return Alternative(n, medians[n], memory[n], 1 - medians[n] / medians[chosen], memory[chosen] - memory[n])
 
 
+def trial_label(n: int) -> str:
+    return f"trial {n}"
+
+
 def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
-           memory_tolerance: float = 0.0, speed_tolerance: float = 0.0) -> Verdict:
-    """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores).
+           memory_tolerance: float = 0.0, speed_tolerance: float = 0.0,
+           label: Callable[[int], str] = trial_label) -> Verdict:
+    """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores);
+    `label` names a finalist in the verdict's reason.
 
     Finalists with fewer than 2 successful runs cannot be judged and are left out. The recommendation is the leader,
     unless a finalist tied with it (not different after Holm) and within `speed_tolerance` of its median needs less
@@ -107,10 +114,10 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     lightest = [n for n in close if memory[n] <= least * (1 + memory_tolerance)]
     recommended = max(lightest, key=lambda n: medians[n])
     if recommended != leader:
-        why = (f"tied with the leader (trial {leader}) within {speed_tolerance:.0%} of its median, and uses less "
+        why = (f"tied with the leader ({label(leader)}) within {speed_tolerance:.0%} of its median, and uses less "
                "memory: memory breaks the tie")
     elif tied:
-        why = (f"fastest median of the finalists; trial(s) {', '.join(map(str, tied))} cannot be told apart from it "
+        why = (f"fastest median of the finalists; {', '.join(map(label, tied))} cannot be told apart from it "
                f"at alpha={alpha}, but none is within {speed_tolerance:.0%} and lighter, so the objective decides")
     else:
         why = f"fastest median of the finalists, different from every other at alpha={alpha}"
@@ -121,10 +128,11 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
                    lighter_alternative(medians, judged_memory, recommended, memory_tolerance), "confirmed: " + why)
 
 
-def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float]) -> str:
+def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float],
+               label: Callable[[int], str] = trial_label) -> str:
     """hyperfine's way of saying how much faster: "trial 3 ran 1.16 ± 0.04 times faster than trial 0" (± is the
     half-width of the ratio's 95% bootstrap CI)."""
-    return f"trial {a} ran {ratio:.2f} ± {(ci[1] - ci[0]) / 2:.2f} times faster than trial {b}"
+    return f"{label(a)} ran {ratio:.2f} ± {(ci[1] - ci[0]) / 2:.2f} times faster than {label(b)}"
 
 
 def precise_enough(scores: dict[int, list[float]], precision: float, test: str) -> bool:
@@ -137,62 +145,81 @@ def precise_enough(scores: dict[int, list[float]], precision: float, test: str) 
     return (c.ratio_ci[1] - c.ratio_ci[0]) / 2 <= precision * c.ratio
 
 
+def interleave(keys: list[int], run: Callable[[int, int], Measurement], spec: ConfirmSpec,
+               weights: dict[str, float], note: Callable[[str], None]) -> tuple[list[ConfirmRun], int]:
+    """Fresh runs of the finalists `keys` (run(key, round) measures one), interleaved round by round, `spec.rounds`
+    rounds and then more while the leaders' ratio is wider than ±precision, up to max_rounds. Returns the runs and
+    the number of rounds."""
+    runs: list[ConfirmRun] = []
+    r = 0
+    while r < spec.max_rounds:
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            m = run(key, r)
+            runs.append(ConfirmRun(
+                r, key, m.outcome.value, m.reason[:500],
+                store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None,
+                m.tg_samples, m.pp_samples, m.vram_peak_mib, m.rss_peak_mib,
+                bool((m.env.get("idle") or {}).get("busy"))))
+        r += 1
+        if r >= spec.rounds:
+            if precise_enough(_scores(keys, runs), spec.precision, spec.test):
+                break
+            if r < spec.max_rounds:
+                note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
+                     "one more round")
+    return runs, r
+
+
+def _scores(keys: list[int], runs: list[ConfirmRun]) -> dict[int, list[float]]:
+    return {k: [x.score for x in runs if x.trial == k and x.score is not None] for k in keys}
+
+
+def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: int, spec: ConfirmSpec,
+          weights: dict[str, float], after_trials: int | None,
+          label: Callable[[int], str] = trial_label) -> Confirmation:
+    """The confirmation record of interleaved `runs` of the finalists (key → their parameters): each finalist's
+    scores and memory, and the verdict."""
+    per_key: dict[int, Finalist] = {}
+    for key, values in params.items():
+        mine = [x for x in runs if x.trial == key]
+        scores = [x.score for x in mine if x.score is not None]
+        mem, mem_kind = _memory(mine)
+        per_key[key] = Finalist(
+            key, dict(values), tuple(scores), statistics.median(scores) if scores else None,
+            bootstrap_ci(scores) if len(scores) >= 2 else None, mem if mem != float("inf") else None, mem_kind,
+            len(mine) - len(scores))
+    verdict = decide({n: list(p.scores) for n, p in per_key.items()},
+                     {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_key.items()},
+                     alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
+                     speed_tolerance=spec.speed_tolerance, label=label)
+    return Confirmation(
+        time.time(), spec.alpha, spec.test, rounds, spec.memory_tolerance, spec.speed_tolerance, spec.precision,
+        weights, after_trials, tuple(per_key.values()), tuple(runs), verdict)
+
+
 def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig, Any], Measurement],
             note: Callable[[str], None]) -> Confirmation | None:
     """Re-measure the finalists interleaved, decide, and store the result on the study (StudyRecord.confirmed)."""
     spec = campaign.confirm
     weights = campaign.objective_weights()
-    chosen = finalists(study, weights, spec.top_k)
+    chosen = {t.number: t for t in finalists(study, weights, spec.top_k)}
     if len(chosen) < 2:
         note(f"confirmation skipped: {len(chosen)} successful configuration(s), at least 2 are needed")
         return None
     note(f"confirming the top {len(chosen)} configurations: {spec.rounds} interleaved rounds in fresh processes "
          f"(up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"
-    runs: list[ConfirmRun] = []
-    r = 0
-    while r < spec.max_rounds:
-        order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
-        for t in order:
-            m = run(t.trial_config, folder / f"round{r}-trial{t.number}")
-            runs.append(ConfirmRun(
-                r, t.number, m.outcome.value, m.reason[:500],
-                store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples)}, weights) if m.ok else None,
-                m.tg_samples, m.pp_samples, m.vram_peak_mib, m.rss_peak_mib,
-                bool((m.env.get("idle") or {}).get("busy"))))
-        r += 1
-        if r >= spec.rounds:
-            scores = {t.number: [x.score for x in runs if x.trial == t.number and x.score is not None]
-                      for t in chosen}
-            if precise_enough(scores, spec.precision, spec.test):
-                break
-            if r < spec.max_rounds:
-                note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
-                     "one more round")
-    per_trial: dict[int, Finalist] = {}
-    for t in chosen:
-        mine = [x for x in runs if x.trial == t.number]
-        scores = [x.score for x in mine if x.score is not None]
-        mem, mem_kind = _memory(mine)
-        per_trial[t.number] = Finalist(
-            t.number, dict(t.params), tuple(scores), statistics.median(scores) if scores else None,
-            bootstrap_ci(scores) if len(scores) >= 2 else None, mem if mem != float("inf") else None, mem_kind,
-            len(mine) - len(scores))
-    verdict = decide({n: list(p.scores) for n, p in per_trial.items()},
-                     {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_trial.items()},
-                     alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
-                     speed_tolerance=spec.speed_tolerance)
+    runs, rounds = interleave(list(chosen), lambda n, r: run(chosen[n].trial_config, folder / f"round{r}-trial{n}"),
+                              spec, weights, note)
     study_store = Store(study)
-    record = Confirmation(
-        time.time(), spec.alpha, spec.test, r, spec.memory_tolerance, spec.speed_tolerance, spec.precision, weights,
-        sum(1 for t in study_store.records() if t.is_finished), tuple(per_trial[t.number] for t in chosen),
-        tuple(runs), verdict)
+    record = judge({n: t.params for n, t in chosen.items()}, runs, rounds, spec, weights,
+                   sum(1 for t in study_store.records() if t.is_finished))
     study_store.write_study(confirmed=record)
     note(summary(record))
     return record
 
 
-def summary(record: Confirmation) -> str:
+def summary(record: Confirmation, label: Callable[[int], str] = trial_label) -> str:
     """The confirmed winner, and the leader against each other finalist as hyperfine says it (the verdict's `why`
     says why the winner was chosen)."""
     verdict = record.verdict
@@ -200,8 +227,8 @@ def summary(record: Confirmation) -> str:
         return "confirmation: no finalist ran successfully twice; no confirmed winner"
     rec = record.finalist(verdict.recommended)
     ci = f", 95% CI {rec.ci[0]:.2f}–{rec.ci[1]:.2f}" if rec.ci else ""
-    lines = [f"confirmed over {record.rounds} interleaved rounds: trial {rec.trial}, median {rec.median:.2f}{ci}"]
+    lines = [f"confirmed over {record.rounds} interleaved rounds: {label(rec.trial)}, median {rec.median:.2f}{ci}"]
     for c in verdict.comparisons:
-        lines.append("  " + ratio_line(verdict.leader, c.trial, c.ratio, c.ratio_ci)
+        lines.append("  " + ratio_line(verdict.leader, c.trial, c.ratio, c.ratio_ci, label)
                      + ("" if c.differ_holm else f" (not different at alpha={record.alpha})"))
     return "\n".join(lines)

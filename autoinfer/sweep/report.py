@@ -13,7 +13,7 @@ from autoinfer.campaign.spec import stored_campaign
 from autoinfer.engines.base import capabilities
 from autoinfer.export.formats import render
 from autoinfer.search.status import status_rows
-from autoinfer.store.records import Confirmation, DeploymentCheck, TrialRecord
+from autoinfer.store.records import Confirmation, ContestRecord, DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.confirm import finalists, summary
@@ -173,3 +173,46 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     else:
         console.print(f"\nits {campaign.engine} engine settings:")
         console.print(render("yaml", best, study.study_name, campaign.engine), markup=False, highlight=False)
+
+
+def print_contest(console: Console, name: str, record: ContestRecord) -> None:
+    """A contest's final: every finalist with its confirmed median and memory, the ratios as hyperfine says them, the
+    verdict, and the contenders left out."""
+    final = record.final
+    title = f"contest {name}: " + (f"final over {final.rounds} interleaved rounds in fresh processes"
+                                   if final else "no final (fewer than two finalists)")
+    table = Table(title=title)
+    for column in ("finalist", "engine", "median (95% CI)", "runs ok/failed", "peak memory"):
+        table.add_column(column)
+    for entry in record.entries:
+        f = final.finalist(entry.key) if final else None
+        median = "—" if f is None or f.median is None else f"{f.median:.2f}" + (
+            f" ({f.ci[0]:.2f}–{f.ci[1]:.2f})" if f.ci else "")
+        runs = f"{len(f.scores)}/{f.failed_runs}" if f else "—"
+        memory = f"{f.memory_kind} {f.memory_mib:.0f} MiB" if f and f.memory_mib is not None else "—"
+        table.add_row(f"{entry.study} trial {entry.trial}", entry.engine, median, runs, memory)
+    console.print(table)
+    if final is not None:
+        console.print(summary(final, record.label), markup=False, highlight=False)
+        if final.verdict.why:
+            console.print(f"  {final.verdict.why}", markup=False, highlight=False)
+        if final.verdict.alternative is not None:
+            alt = final.verdict.alternative
+            console.print(f"  lighter alternative: {record.label(alt.trial)}, {alt.slower:.0%} slower, "
+                          f"{alt.saves_mib:.0f} MiB less", markup=False, highlight=False)
+    for line in record.left_out:
+        console.print(f"  left out: {line}", markup=False, highlight=False)
+    winner = record.winner
+    console.print(f"\n[bold]recommended by contest {name!r}[/bold]: "
+                  + (winner.label() if winner else "none (no finalist ran successfully twice)"), highlight=False)
+
+
+def print_contest_command(console: Console, best, study: optuna.Study, engine: str) -> None:
+    """How to run the contest's winner: llama-server for llama.cpp settings, else the engine's own command."""
+    if capabilities(engine).llama_settings:
+        console.print("\nrun it with:")
+        console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(f"\nrun it with (the {engine} engine's own command, as measured):")
+        console.print(render("bench", best, study.study_name, engine), markup=False, highlight=False,
+                      soft_wrap=True)

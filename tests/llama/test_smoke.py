@@ -65,7 +65,10 @@ def _used_weight_types() -> set[str]:
     """Weight types the shipped campaigns and the tests hand to llama.cpp."""
     found: set[str] = set()
     for path in [*REPO.glob("experiments/*.yaml"), *REPO.glob("autoinfer/experiments/*.yaml")]:
-        models = yaml.safe_load(path.read_text())["model"]
+        document = yaml.safe_load(path.read_text())
+        if "contenders" in document:  # a contest: its campaigns are scanned as files of their own
+            continue
+        models = document["model"]
         for model in [models] if isinstance(models, str) else models:
             synth = re.fullmatch(r"synth:[\w-]+(?:/(\w+))?", model)
             named = re.search(r"-([A-Z0-9_]+)\.gguf$", model)

@@ -87,6 +87,11 @@ STORED_STUDY = {
     "memory_model": {"m.gguf": {"trials": 6, "loo_median_rel_error": 0.04, "noise_mib": 50.0, "side": "device"}},
     "search_notes": ["no GPU: no llama-fit-params baseline"],
     "pareto_front": [3, 5],
+    "contest": {"contest": '{"name": "duel"}', "entries": [
+        {"key": 0, "study": "llama", "engine": "llama-bench", "trial": 3},
+        {"key": 1, "study": "ours", "engine": "reference", "trial": 5}],
+        "left_out": ["third: no feasible successful trial"], "after_trials": {"llama": 12, "ours": 8},
+        "final": None},
 }
 
 
@@ -155,6 +160,8 @@ def test_a_study_stored_by_an_earlier_version_reads_into_every_field():
     assert r.import_junk == (ImportJunk("seed.tsv", 9, "no tok/s value"),)
     assert r.memory_model == {"m.gguf": MemoryCalibration(6, 0.04, 50.0, "device")}
     assert r.pareto_front == (3, 5) and r.search_notes == ("no GPU: no llama-fit-params baseline",)
+    assert r.contest.label(1) == "ours trial 5 (reference)" and r.contest.after_trials == {"llama": 12, "ours": 8}
+    assert r.contest.winner is None and r.contest.left_out == ("third: no feasible successful trial",)
     assert r.to_attrs() == STORED_STUDY  # and it stores them back unchanged
 
 

@@ -1,0 +1,137 @@
+"""A contest: llama.cpp's campaign and the reference engine's under one budget, each swept as its own study, then a
+final that re-measures their best configurations interleaved and recommends one (`autoinfer sweep CONTEST.yaml`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autoinfer.campaign.contest import load_contest
+from autoinfer.errors import UserError
+from autoinfer.store.trials import Store
+
+CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
+
+LLAMA = """\
+name: {name}
+engine: llama-bench
+model: "{model}"
+space:
+  n_gpu_layers: 0
+  threads: 1
+  ubatch: [32, 64]
+  batch: [64, 128]
+budget: {{trials: 2}}
+measure: {{n_prompt: 16, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
+search: {{informed: false}}
+confirm: {{enabled: false}}
+drift: {{every: null}}
+idle: {{policy: "off"}}
+sampler: {{name: random, seed: 1}}
+"""
+
+REFERENCE = """\
+name: ours
+engine: reference
+model: "{model}"
+space:
+  moe: [loop, grouped]
+  torch_threads: 1
+budget: {{trials: 2}}
+measure: {{n_prompt: 16, n_gen: 4, repetitions: 2, timeout_s: 120, max_cv: null}}
+search: {{informed: false, fit_params: false}}
+confirm: {{enabled: false}}
+drift: {{every: null}}
+idle: {{policy: "off"}}
+sampler: {{name: random, seed: 1}}
+"""
+
+CONTEST = """\
+name: duel
+contenders: [llama.yaml, ours.yaml]
+confirm: {rounds: 2, max_rounds: 2}
+"""
+
+
+def files(tmp_path: Path, model: Path, *, n_gen: int = 4, contest: str = CONTEST) -> Path:
+    (tmp_path / "llama.yaml").write_text(LLAMA.format(name="llama", model=model, n_gen=n_gen))
+    (tmp_path / "ours.yaml").write_text(REFERENCE.format(model=model))
+    path = tmp_path / "duel.yaml"
+    path.write_text(contest)
+    return path
+
+
+def test_contenders_that_measure_different_things_are_refused_with_the_key(tmp_path):
+    path = files(tmp_path, tmp_path / "m.gguf", n_gen=8)
+    with pytest.raises(UserError, match=r"differ in measure\.n_gen \(8 vs 4\)"):
+        load_contest(path)
+
+
+@pytest.mark.parametrize("contest,needle", [
+    ("name: duel\ncontenders: [llama.yaml]\n", "contenders"),
+    ("name: duel\ncontenders: [llama.yaml, llama.yaml]\n", "listed twice"),
+    ("name: duel\ncontenders: [llama.yaml, ours.yaml]\nconfirm: {top_k: 3}\n", "set `finalists:`"),
+    ("name: llama\ncontenders: [llama.yaml, ours.yaml]\n", "distinct names"),
+    ("name: duel\ncontenders: [llama.yaml, duel.yaml]\n", "is itself a contest"),
+])
+def test_a_bad_contest_is_refused_in_one_line(tmp_path, contest, needle):
+    with pytest.raises(UserError, match=needle):
+        load_contest(files(tmp_path, tmp_path / "m.gguf", contest=contest))
+
+
+def test_a_bad_contest_exits_2_from_the_cli_before_any_study(tmp_path):
+    path = files(tmp_path, tmp_path / "m.gguf", n_gen=8)
+    env = {**os.environ, "AUTOINFER_RESULTS": str(tmp_path / "results")}
+    done = subprocess.run([*CLI, "sweep", str(path)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 2 and "measure.n_gen" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "results" / "autoinfer.db").exists()
+
+
+@pytest.mark.slow
+def test_a_contest_ranks_llama_cpp_and_the_reference_engine_in_one_interleaved_final(tmp_path, tiny_model,
+                                                                                    llama_tools):
+    env = {**os.environ, "AUTOINFER_RESULTS": str(tmp_path / "results"), "COLUMNS": "250",
+           "AUTOINFER_LLAMA_BIN": str(llama_tools.bin_dir)}
+    path = files(tmp_path, tiny_model)
+    done = subprocess.run([*CLI, "sweep", str(path), "--quiet"], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    storage = f"sqlite:///{tmp_path / 'results' / 'autoinfer.db'}"
+    for name, engine in (("llama", "llama-bench"), ("ours", "autoinfer.refengine.worker")):
+        trials = [t for t in optuna.load_study(study_name=name, storage=storage).trials
+                  if t.user_attrs.get("outcome") == "ok"]
+        assert len(trials) == 2 and all(engine in " ".join(t.user_attrs["engine_cmd"]) for t in trials)
+    record = Store(optuna.load_study(study_name="duel", storage=storage)).study_record().contest
+    assert [(e.study, e.engine) for e in record.entries] == [("llama", "llama-bench"), ("ours", "reference")]
+    final = record.final
+    assert final.rounds == 2 and [r.trial for r in final.runs] == [0, 1, 1, 0]  # interleaved, rotated per round
+    assert all(r.outcome == "ok" and r.score > 0 for r in final.runs)
+    assert all(len(f.scores) == 2 for f in final.finalists)
+    winner, loser = record.entry(final.verdict.leader), record.entry(final.verdict.comparisons[0].trial)
+    said = " ".join(done.stdout.split())
+    assert f"{winner.label()} ran" in said and f"faster than {loser.label()}" in said
+    assert f"recommended by contest 'duel': {record.winner.label()}" in said
+    exported = subprocess.run([*CLI, "export", "--format", "bench"], capture_output=True, text=True, cwd=tmp_path,
+                              env=env)
+    assert exported.returncode == 0, exported.stderr
+    argv = shlex.split(exported.stdout)
+    if record.winner.engine == "reference":
+        assert argv[1:3] == ["-m", "autoinfer.refengine.worker"] and "skipped" in said
+    else:
+        assert argv[0].endswith("llama-bench") and "deployment check passed" in said
+    run = subprocess.run([*argv, *(["-r", "1"] if argv[0].endswith("llama-bench") else [])], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]  # the exported winner runs as it is
+    status = subprocess.run([*CLI, "status", "--study", "duel"], capture_output=True, text=True, cwd=tmp_path,
+                            env=env)
+    assert status.returncode == 0 and "final over 2 interleaved rounds" in status.stdout
+    again = subprocess.run([*CLI, "sweep", str(path), "--quiet"], capture_output=True, text=True, cwd=tmp_path,
+                           env=env, timeout=600)
+    assert again.returncode == 0 and "the stored final stands" in again.stdout
+    assert Store(optuna.load_study(study_name="duel", storage=storage)).study_record().contest == record
