@@ -7,6 +7,8 @@
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
+#       contest (experiments/contest-8gb.yaml shortened: each contender CONTEST_TRIALS trials without its own
+#       confirmation or drift anchor, then the interleaved final between llama.cpp's and the reference engine's best),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
 #       sweep2gpu (a short informed campaign on two GPUs within 8 GiB each),
 #       workers2gpu (`autoinfer worker --gpus 0,1` on a throwaway PostgreSQL: one worker per GPU, one measurement
@@ -68,6 +70,21 @@ for step in "$@"; do
         tests/refengine/test_quant_engine.py 2>&1 | tee "$OUT/refengine-gpu-tests.txt"
       python3 benchmarks/refengine_bench.py --out "$OUT/refengine" $([ -f "$BIG" ] && echo --model-35b "$BIG") \
         ${LLAMA_BUDGET_ARGS:+--llama-budget-args "$LLAMA_BUDGET_ARGS"}
+      ;;
+    contest)
+      mkdir -p "$MODELS/contest"
+      for campaign in qwen35moe-8gb refengine-8gb; do
+        sed -e "s|^model:.*|model: $BIG|" -e "s|^  trials: .*|  trials: ${CONTEST_TRIALS:-6}|" \
+          -e "s|^confirm:.*|confirm: {enabled: false}|" "experiments/$campaign.yaml" > "$MODELS/contest/$campaign.yaml"
+        echo "drift: {every: null}" >> "$MODELS/contest/$campaign.yaml"
+      done
+      sed -e "s|^confirm:.*|confirm: {rounds: ${CONTEST_ROUNDS:-3}, max_rounds: 5, precision: 0.03}|" \
+        experiments/contest-8gb.yaml > "$MODELS/contest/contest-8gb.yaml"
+      export AUTOINFER_RESULTS="$OUT/contest-results" COLUMNS=200
+      ai sweep "$MODELS/contest/contest-8gb.yaml" --quiet 2>&1 | tee "$OUT/contest.log"
+      ai status --study qwen35moe-8gb > "$OUT/contest-llama-status.txt" 2>&1
+      ai status --study refengine-8gb > "$OUT/contest-refengine-status.txt" 2>&1
+      ai export --format bench > "$OUT/contest-winner.sh"
       ;;
     multigpu)
       python3 -m pytest -q -p no:cacheprovider tests/worker/test_multi_gpu_device.py 2>&1 | tee "$OUT/multi-gpu-tests.txt"
