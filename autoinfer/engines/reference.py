@@ -4,7 +4,7 @@ Each trial runs `python -m autoinfer.refengine.worker` in an isolated child and 
 Its knobs (campaign `space:` names beyond the TrialConfig fields) are the fields of refengine/options.py's
 EngineOptions, declared there once: device, dtype, weights (dense | gguf), gdn, moe, prefill_chunk, torch_threads,
 expert_slots (0 = all experts on the device) or budget_mib (the expert cache sized to a device budget),
-cache_policy, prefetch (layers ahead), snapshots, graphs (on | off), max_context.
+cache_policy, prefetch (layers ahead), misses (copy | cpu), snapshots, graphs (on | off), max_context.
 """
 
 from __future__ import annotations

@@ -184,10 +184,11 @@ def _bench_variant(cfg: Architecture, weights, options: EngineOptions, prompt: l
 
     s_tg, _ = timed(decode, device, reps)
     floor = n_gen * decode_bytes(cfg, engine) / bw
-    hit_rate = engine.experts.stats.hit_rate
+    stats = engine.experts.stats
     tg = Row(f"engine tg{n_gen}", name, err, s_tg * 1e3, floor * 1e3,
              f"{n_gen / s_tg:.1f} tok/s (floor {n_gen / floor:.0f})"
-             + ("" if hit_rate is None else f"; expert hit rate {hit_rate:.1%}"))
+             + ("" if stats.hit_rate is None else f"; expert hit rate {stats.hit_rate:.1%}")
+             + (f", {stats.cpu_computed} misses computed on the host" if stats.cpu_computed else ""))
     return [pp, tg]
 
 

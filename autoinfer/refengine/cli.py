@@ -29,6 +29,8 @@ def bench(
                                                "memory budget instead."),
     prefetch: int = typer.Option(0, "--prefetch", min=0, help="Prefetch the predicted experts of this many layers "
                                  "ahead."),
+    misses: str = typer.Option("copy", "--misses", help="copy: a missed expert is copied into a device slot; cpu: "
+                               "one that a single token needs is computed on the host."),
     prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="Tokens per prefill segment (and "
                                       "snapshot interval)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch intra-op threads."),
@@ -43,7 +45,7 @@ def bench(
 
         model = cached_model("tiny", "Q8_0")
     options = EngineOptions(device=device, dtype=dtype, torch_threads=threads, expert_slots=expert_slots,
-                            prefetch=prefetch, prefill_chunk=prefill_chunk)
+                            prefetch=prefetch, misses=misses, prefill_chunk=prefill_chunk)
     if budget_mib is not None:
         expert_slots = DevicePlan.from_gguf(model, options).slots(budget_mib)
         options = EngineOptions(**{**options.__dict__, "expert_slots": expert_slots})

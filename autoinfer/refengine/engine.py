@@ -40,7 +40,7 @@ class ReferenceEngine:
                                       cfg.n_experts_used)
         elif slots and slots < cfg.n_experts * cfg.n_layers:
             experts = ExpertCache(host_banks(banks, pin=device.type == "cuda"), slots, device,
-                                  options.cache_policy, options.prefetch)
+                                  options.cache_policy, options.prefetch, options.misses)
         else:
             experts = ResidentExperts([ExpertBank(*(t.to(device) for t in (b.gate, b.up, b.down))) for b in banks])
         self.experts = experts

@@ -16,6 +16,7 @@ from autoinfer.errors import UserError
 DEVICES = ("cpu", "cuda")
 WEIGHTS = ("dense", "gguf")  # dense: decoded to `dtype` at load; gguf: Q8_0/Q4_K/Q6_K matrices stay in their blocks
 POLICIES = ("lru", "lfu")
+MISSES = ("copy", "cpu")  # where an expert-cache miss is computed: copied into a device slot, or on the host
 _TRUE, _FALSE = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
 
 
@@ -25,6 +26,7 @@ class EngineOptions:
     cache so that the device holds the weights, the state and a reserve within that many MiB. weights="gguf" keeps
     the quantized matrices in their GGUF blocks (Triton kernels read them); dtype is then the activations' dtype.
     prefetch = n copies the experts that the next n layers' routers predict from the current hidden state.
+    misses = "cpu" computes an expert-cache miss that one token needs on the host instead of copying the expert.
     norm = "triton" runs each RMSNorm (and the GDN output gate) as one kernel instead of a torch composition.
     graphs replays decode steps from a CUDA graph over one static state of max_context positions; with an expert
     cache the step looks experts up on the device (prefetch must then be 0)."""
@@ -41,6 +43,7 @@ class EngineOptions:
     budget_mib: float | None = None
     cache_policy: str = "lru"
     prefetch: int = 0
+    misses: str = "copy"
     snapshots: bool = False
     graphs: bool = False
     max_context: int = 4096
@@ -82,6 +85,7 @@ class EngineOptions:
         norm_ops.get(self.norm)
         _choice("weights", self.weights, WEIGHTS)
         _choice("cache_policy", self.cache_policy, POLICIES)
+        _choice("misses", self.misses, MISSES)
         if (self.weights == "gguf" or self.gdn in gdn_ops.TRITON or self.moe in moe_ops.READS_BLOCKS
                 or self.norm in norm_ops.TRITON):
             check_device(self.device)
@@ -97,6 +101,12 @@ class EngineOptions:
             raise UserError(f"prefetch must be ≥ 0 layers ahead (got {self.prefetch})")
         if self.budget_mib is not None and (self.budget_mib <= 0 or self.expert_slots):
             raise UserError("budget_mib sizes the expert cache itself: give it (> 0) or expert_slots, not both")
+        if self.misses == "cpu" and not self.expert_slots and self.budget_mib is None:
+            raise UserError("misses: cpu says where an expert cache's misses are computed, and every expert is on the "
+                            "device: set expert_slots or budget_mib (or misses: copy)")
+        if self.misses == "cpu" and self.graphs:
+            raise UserError("misses: cpu computes misses on the host, but under graphs: on the decode step reads "
+                            "them from host memory on the device itself: use misses: copy (or graphs: off)")
         if self.graphs:
             self._check_graphs(moe_ops.CAPTURE_SAFE, gdn_ops.CAPTURE_SAFE)
 

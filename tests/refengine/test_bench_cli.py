@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from autoinfer.cli import app
 
 
-def test_engine_bench_prints_variants_errors_and_floors(hf_gguf):
+@pytest.mark.parametrize("misses", ["copy", "cpu"])
+def test_engine_bench_prints_variants_errors_and_floors(hf_gguf, misses):
     result = CliRunner().invoke(app, ["engine", "bench", "--model", str(hf_gguf), "--n-prompt", "128", "--n-gen",
-                                      "2", "--reps", "1", "--threads", "1", "--expert-slots", "6",
+                                      "2", "--reps", "1", "--threads", "1", "--expert-slots", "6", "--misses", misses,
                                       "--prefill-chunk", "64"])  # snapshots every 64 tokens: half the prompt reused
     assert result.exit_code == 0, result.output
     out = result.output
@@ -22,6 +24,7 @@ def test_engine_bench_prints_variants_errors_and_floors(hf_gguf):
         error = float(re.search(r"│\s*([0-9.]+e[-+][0-9]+)\s*│", line).group(1))
         assert error <= 1e-4, line
     assert "expert hit rate" in out
+    assert ("misses computed on the host" in out) == (misses == "cpu")
     snapshot = next(ln for ln in out.splitlines() if "snapshot resume" in ln)
     assert re.search(r"│\s*0\.0e\+00\s*│", snapshot), snapshot  # resumed logits equal the cold run's exactly
     assert "64/128 tokens reused" in snapshot and "hits 1" in snapshot

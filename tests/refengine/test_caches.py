@@ -95,3 +95,42 @@ def test_device_budget_becomes_expert_slots(loaded, hf_gguf):
         planned.slots((fixed + each) / 2**20)
     budgeted = engine(loaded, budget_mib=(fixed + 10.5 * each) / 2**20)
     assert budgeted.experts.slots == 10 and budgeted.stats()["device_plan"]["expert_slots"] == 10
+
+
+def test_misses_computed_on_the_host_match_copied_and_resident_experts(loaded, prompt):
+    """misses: cpu computes what copying the misses computes, and copies nothing for the misses it computes."""
+    resident, copied = engine(loaded), engine(loaded, expert_slots=5)
+    on_host = engine(loaded, expert_slots=5, misses="cpu")
+    (ref, ref_state), (a, a_state), (b, b_state) = (e.prefill(prompt[:70]) for e in (resident, copied, on_host))
+    for _ in range(8):
+        bound = 1e-5 * float(ref.abs().max())
+        assert torch.allclose(a, ref, rtol=0, atol=bound) and torch.allclose(b, ref, rtol=0, atol=bound)
+        assert int(b.argmax()) == int(ref.argmax())
+        token = int(ref.argmax())
+        ref, a, b = resident.decode(token, ref_state), copied.decode(token, a_state), on_host.decode(token, b_state)
+    stats = on_host.experts.stats
+    assert stats.cpu_computed >= 8 * 3  # each step: ≥ 3 of its 8 choices (4 layers × 2) are not in the 5 slots
+    assert stats.cpu_decoded == 0  # dense host experts need no decoding
+    assert stats.bytes_fetched == (stats.misses - stats.cpu_computed) * on_host.experts.expert_bytes
+    assert stats.bytes_fetched < copied.experts.stats.bytes_fetched
+    assert on_host.stats()["experts"]["cpu_computed"] == stats.cpu_computed  # what the worker's JSON reports
+
+
+def test_a_decode_step_computes_its_misses_on_the_host_and_leaves_the_slots_alone(loaded):
+    """One token through an expert cache whose slots hold neither of its experts: both computed on the host, their
+    weighted sum what the loop reference gives over all experts."""
+    from autoinfer.refengine.cache.experts import ExpertCache
+    from autoinfer.refengine.ops.moe import ExpertBank
+    from autoinfer.refengine.ops.moe.loop import loop_experts
+
+    _, weights = loaded
+    host = [ExpertBank(layer.moe.gate, layer.moe.up, layer.moe.down) for layer in weights.layers]
+    cache = ExpertCache(host, 2, torch.device("cpu"), misses="cpu")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, host[0].gate.shape[-1], generator=gen)
+    token, expert, weight = torch.zeros(2, dtype=torch.long), torch.tensor([6, 1]), torch.tensor([0.7, 0.3])
+    y = cache.run(2, x, token, expert, weight, loop_experts)
+    assert torch.allclose(y, loop_experts(x, token, expert, weight, host[2]), rtol=1e-6, atol=1e-6)
+    assert float(y.abs().max()) > 0
+    assert (cache.stats.misses, cache.stats.cpu_computed, cache.stats.bytes_fetched) == (2, 2, 0)
+    assert not cache.where and sorted(cache.free) == [0, 1]

@@ -31,6 +31,17 @@ def test_measures_prompt_and_generation_with_expert_cache(hf_gguf, tmp_path):
     assert m.metrics["expert_device_bytes"] == 5 * 3 * 64 * 32 * 4  # five fp32 slots of 3 × hidden × ffn
 
 
+
+def test_the_worker_reports_misses_computed_on_the_host(hf_gguf, tmp_path):
+    config = TrialConfig.from_params({"model": str(hf_gguf), "n_prompt": 16, "n_gen": 4, "repetitions": 1,
+                                      "expert_slots": 5, "misses": "cpu", "torch_threads": 1})
+    m = run(config, tmp_path)
+    assert m.outcome is Outcome.OK, m.reason + m.stderr[-2000:]
+    assert m.engine_cmd[m.engine_cmd.index("--misses") + 1] == "cpu"
+    experts = m.metrics["experts"]
+    assert experts["cpu_computed"] > 0 and experts["cpu_decoded"] == 0  # F32 experts: nothing to decode
+    assert experts["bytes_fetched"] == (experts["misses"] - experts["cpu_computed"]) * 3 * 64 * 32 * 4
+
 @pytest.mark.parametrize("params,outcome,words", [
     ({"device": "cuda"}, Outcome.REJECTED, "cuda"),
     ({"gdn": "fancy"}, Outcome.REJECTED, "gdn variant"),

@@ -47,6 +47,10 @@ def test_worker_flags_round_trip():
     ({"moe": "fused"}, "weights: gguf"),
     ({"budget_mib": 1000, "expert_slots": 4}, "not both"),
     ({"prefetch": -1}, "prefetch"),
+    ({"misses": "gpu"}, "misses 'gpu' is not one of copy, cpu"),
+    ({"misses": "cpu"}, "set expert_slots or budget_mib"),
+    ({"misses": "cpu", "expert_slots": 4, "graphs": "on"}, "use misses: copy"),
+    ({"misses": "cpu", "budget_mib": 8192, "graphs": "on"}, "use misses: copy"),
 ])
 def test_refused_combinations(values, words):
     with pytest.raises(UserError, match=words):

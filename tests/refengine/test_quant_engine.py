@@ -58,6 +58,41 @@ def test_expert_cache_holds_gguf_blocks(model):
     assert engine.experts.stats.misses > 0 and isinstance(engine.experts.pool.gate, QuantWeight)
 
 
+
+def test_misses_on_the_host_decode_only_the_missed_experts_blocks(model):
+    """misses: cpu with experts in GGUF blocks: each missed expert's blocks decoded on the host (once: the LRU keeps
+    them), the logits those of the dense engine with every expert resident."""
+    prompt = list(range(5, 17))
+    knobs = dict(weights="gguf", gdn="fused_recurrent", moe="fused", expert_slots=5, misses="cpu")
+    engine = ReferenceEngine.from_gguf(model, EngineOptions(**knobs))
+    resident = ReferenceEngine.from_gguf(model, EngineOptions())
+    (a, sa), (b, sb) = resident.prefill(prompt), engine.prefill(prompt)
+    for _ in range(4):
+        assert rel(b, a) <= BOUND
+        token = int(a[-1].argmax())
+        a, b = resident.decode(token, sa), engine.decode(token, sb)
+    assert rel(b, a) <= BOUND
+    stats, host = engine.experts.stats, engine.experts.on_host
+    assert stats.cpu_computed >= 4 * 3  # each step: ≥ 3 of its 8 choices (4 layers × 2) are not in the 5 slots
+    assert stats.bytes_fetched == (stats.misses - stats.cpu_computed) * engine.experts.expert_bytes
+    assert 0 < stats.cpu_decoded == len(host.decoded) <= stats.cpu_computed  # every decoded expert is still kept
+    assert all(m.dtype == torch.float32 for mats in host.decoded.values() for m in mats)
+
+
+def test_host_experts_decode_an_expert_once_while_it_stays_in_their_lru(model):
+    from autoinfer.refengine.cache.host import HostExperts
+    from autoinfer.refengine.ops.moe import ExpertBank
+    from autoinfer.refengine.ops.quant.kernels import dequantize
+
+    _, weights = load(model, keep_quant=True)
+    host = HostExperts([ExpertBank(layer.moe.gate, layer.moe.up, layer.moe.down) for layer in weights.layers])
+    host.capacity = 2
+    assert [host.matrices(1, e)[1] for e in (3, 3, 4, 3, 5, 4)] == [True, False, True, False, True, True]
+    assert list(host.decoded) == [(1, 5), (1, 4)]  # 3 was the least recently used when 5 came
+    gate, up, down = host.matrices(1, 4)[0]
+    bank = weights.layers[1].moe
+    assert torch.equal(gate, dequantize(bank.gate[4])) and torch.equal(down, dequantize(bank.down[4]))
+
 def test_budget_plan_counts_experts_in_their_blocks(model):
     """With weights: gguf an expert costs its block bytes, so the same budget holds ~7× more experts than fp32."""
     from autoinfer.refengine.budget import DevicePlan

@@ -7,6 +7,7 @@ those layers' routers to the current hidden state) on a side CUDA stream while t
 layer's routed assignments through an op from ops/moe. `StepExpertCache`: the same slots and policy, but a decode
 step looks its experts up on the device (cache/fetch.py: misses are read from pinned host memory inside the step,
 into spare slots set aside per layer), so the step is one CUDA graph; the host updates its bookkeeping after it.
+With misses: cpu, ExpertCache computes a miss that one token needs on the host instead (cache/host.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import torch
 
 from autoinfer.errors import UserError
 from autoinfer.refengine.cache.fetch import fetch_experts
+from autoinfer.refengine.cache.host import HostExperts
 from autoinfer.refengine.ops.moe import ExpertBank, MoeFn
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
-
-POLICIES = ("lru", "lfu")
+from autoinfer.refengine.options import MISSES, POLICIES
 
 
 @dataclass
@@ -32,6 +33,8 @@ class CacheStats:
     bytes_fetched: int = 0
     prefetched: int = 0
     prefetch_used: int = 0  # prefetched experts that a later demand found in their slot
+    cpu_computed: int = 0  # misses computed on the host (misses: cpu), counted in misses too; nothing copied
+    cpu_decoded: int = 0  # of those, the ones whose GGUF blocks had to be decoded (not in the host's LRU)
 
     @property
     def hit_rate(self) -> float | None:
@@ -41,7 +44,8 @@ class CacheStats:
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate,
                 "bytes_fetched": self.bytes_fetched, "prefetched": self.prefetched,
-                "prefetch_used": self.prefetch_used}
+                "prefetch_used": self.prefetch_used, "cpu_computed": self.cpu_computed,
+                "cpu_decoded": self.cpu_decoded}
 
 
 class ResidentExperts:
@@ -71,12 +75,18 @@ class ResidentExperts:
 
 
 class ExpertCache:
-    """N device slots in front of host-resident experts."""
+    """N device slots in front of host-resident experts. misses: "copy" copies every missed expert into a slot;
+    "cpu" computes a missed expert that one token of the call needs (every miss of a decode step) on the host and
+    leaves the slots as they are: admitting it would be the very copy that computing on the host avoids. A missed
+    expert that several tokens need (in a prefill) is still copied: one copy serves all of them, while host work
+    grows with each."""
 
     def __init__(self, host: list[ExpertBank], slots: int, device: torch.device, policy: str = "lru",
-                 prefetch: int = 0):
+                 prefetch: int = 0, misses: str = "copy"):
         if policy not in POLICIES:
             raise UserError(f"expert cache policy {policy!r} is not one of {', '.join(POLICIES)}")
+        if misses not in MISSES:
+            raise UserError(f"misses {misses!r} is not one of {', '.join(MISSES)}")
         if slots < 1:
             raise UserError(f"expert_slots must be ≥ 1 for the expert cache (got {slots})")
         self.host, self.policy, self.prefetch, self.device = host, policy, prefetch, torch.device(device)
@@ -92,6 +102,7 @@ class ExpertCache:
         self.last_used: set[tuple[int, int]] = set()  # the experts the latest layer computed with
         self.expert_bytes = sum(_storage(t)[0].numel() * _storage(t).element_size() for t in (ref.gate, ref.up, ref.down))
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.on_host = HostExperts(host) if misses == "cpu" else None
         self.stats = CacheStats()
 
     def device_bytes(self) -> int:
@@ -180,9 +191,22 @@ class ExpertCache:
 
     def run(self, layer: int, x: torch.Tensor, token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor,
             fn: MoeFn) -> torch.Tensor:
-        """Experts of this layer in rounds of at most `room` slots (a long prefill can need more than fit)."""
-        needed = torch.unique(expert).tolist()
-        y = None
+        """Experts of this layer in rounds of at most `room` slots (a long prefill can need more than fit). Misses
+        computed on the host are read back before the device work is queued, and run while the device runs it."""
+        used, counts = torch.unique(expert, return_counts=True)
+        needed = used.tolist()
+        to_host = []
+        if self.on_host is not None:
+            to_host = [e for e, n in zip(needed, counts.tolist()) if n == 1 and (layer, e) not in self.where]
+        if to_host:
+            rows = torch.isin(expert, torch.tensor(to_host, device=expert.device)).nonzero().squeeze(1)
+            host_token = token[rows]
+            host_args = (x[host_token].cpu(), expert[rows].cpu(), weight[rows].cpu())
+            self.stats.misses += len(to_host)
+            self.stats.cpu_computed += len(to_host)
+            needed = [e for e in needed if e not in to_host]
+        self.last_used = set()
+        y = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if not needed else None
         for start in range(0, len(needed), self.room):
             group = needed[start:start + self.room]
             slot_of = self.ensure(layer, group)
@@ -192,6 +216,10 @@ class ExpertCache:
             pick = rows >= 0
             part = fn(x, token[pick], rows[pick], weight[pick], self.pool)
             y = part if y is None else y + part
+        if to_host:
+            out, decoded = self.on_host.run(layer, *host_args)
+            self.stats.cpu_decoded += decoded
+            y = y.index_add(0, host_token, out.to(y.device))
         return y
 
 
