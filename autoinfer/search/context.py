@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
-from autoinfer.engines.base import Engine, TrialConfig
+from autoinfer.engines.base import Engine, TrialConfig, capabilities
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.model.placement import PLACEMENT_KEYS
 from autoinfer.model.shape import ModelShape
@@ -59,6 +59,11 @@ class SearchContext:
         ctx.side, ctx.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
             else (None, None)
         ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
+        if not capabilities(campaign.engine).llama_settings:  # the memory and performance models are llama.cpp's
+            if ctx.side is not None:
+                ctx.notes.append(f"engine {campaign.engine!r} places its memory itself, not by llama.cpp's rules: no "
+                                 "memory model predicts its peaks, so every trial is measured against the budget")
+            return ctx
         if ctx.side == "device" and ctx.n_gpus > 1:
             ctx.notes.append(f"{ctx.n_gpus} GPUs: the memory model predicts each GPU's peak against "
                              f"{c.vram_mib:.0f} MiB (layers shared by tensor_split, experts by expert_split)")

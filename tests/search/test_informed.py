@@ -128,3 +128,30 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
     assert start.enqueue(study, distributions(campaign)) >= 2
     queued = study.get_trials(deepcopy=False)
     assert {t.system_attrs["fixed_params"]["load_mode"] for t in queued} == {expected}
+
+
+def test_an_engine_that_places_its_own_memory_gets_no_llama_cpp_memory_model(tiny_model):
+    """The reference engine sizes its expert cache to `budget_mib` itself: llama.cpp's memory model would predict
+    the whole model on the device and skip every trial as over the budget (as it did on an H200 before)."""
+    from autoinfer.engines import base
+    from autoinfer.engines.base import TrialConfig
+    from autoinfer.search.context import SearchContext
+    from autoinfer.search.memory_screen import MemoryScreen
+
+    model = str(tiny_model)
+    for engine, screened in (("reference", False), ("llama-bench", True)):
+        campaign = parse_campaign({"name": "c", "engine": engine, "model": model, "constraints": {"vram_mib": 1}})
+        ctx = SearchContext.create(campaign, base.create(engine) if engine == "reference" else _llama(), {model: model})
+        screen = MemoryScreen.create(ctx)
+        config = TrialConfig.from_params({"model": model, "n_gpu_layers": 99})
+        assert (screen.predict(config) is not None) is screened, engine
+        if not screened:
+            assert screen.skip(config) is None  # measured against the budget instead
+        assert any("places its memory itself" in n for n in ctx.notes) is not screened
+
+
+def _llama():
+    """llama-bench's engine without its binaries: only its memory-related declarations are used here."""
+    from autoinfer.engines.llama_bench import LlamaBenchEngine
+
+    return LlamaBenchEngine.__new__(LlamaBenchEngine)
