@@ -6,7 +6,9 @@ state's caches in place (a static state keeps its tensors at fixed addresses). W
 the device: the engine allows graphs only with op variants that read nothing back to the host (ops' CAPTURE_SAFE)
 and with every expert resident or in the step expert cache (cache/experts.py StepExpertCache: lookups on the device,
 misses read from pinned host memory into spare slots, the host's bookkeeping between steps). Recording runs the step once more on a side stream first (Triton compiles there,
-not inside the capture); the state is restored afterwards, so recording changes nothing a caller can see.
+not inside the capture), over the emptied state (the graph reads positions from the device, so where it is
+recorded does not matter, and a full static state has no room for the two steps); the state is restored afterwards,
+so recording changes nothing a caller can see.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class DecodeGraph:
         self.ids = torch.zeros(1, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, dtype=torch.long, device=device)
         saved = state.clone()
+        state.reset_()  # the two recording steps need two free positions: a full state (warm-up) has none
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):

@@ -125,3 +125,18 @@ def test_graph_decode_through_the_step_expert_cache_matches_resident_experts():
             a, b = resident.decode(token, sa), cached.decode(token, sb)
     stats = cached.experts.stats
     assert stats.misses > 0 and stats.hits > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_worker_records_the_graph_after_a_prompt_that_fills_the_static_state():
+    """The sweep's worker sizes the static state to the prompt and one token; the graph is recorded at the warm-up's
+    first decode step, when that state is full (a campaign's every graphs-on trial once failed there)."""
+    from autoinfer.model.synth import cached_model
+    from autoinfer.refengine import worker
+
+    args = worker.parse_args(["--model", str(cached_model("tiny", "Q4_K")), "--n-prompt", "16", "--n-gen", "4",
+                              "--repetitions", "2", "--device", "cuda", "--weights", "gguf", "--moe", "fused",
+                              "--gdn", "triton_chunk", "--graphs", "on", "--expert-slots", "24"])
+    result = worker.measure(args)
+    assert len(result["tg_samples"]) == 2 and min(result["tg_samples"]) > 0 and result["graphs"]
