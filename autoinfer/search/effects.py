@@ -11,7 +11,8 @@ on one-hot values and value pairs:
 
 τ_k is PRIOR_SD, or more where knob k's measured values differ by more.
 
-σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains.
+σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains,
+mostly how far one process lands from another of the same configuration (measured, below).
 The pairs' prior is small: on the measured H100 tables, pairs of knobs explain no more of the speeds than noise
 does (benchmarks/table_structure.py), so an interaction must be measured before the model believes it. The search
 compares a candidate with the incumbent by the difference of their predictions: its mean and standard deviation
@@ -30,7 +31,10 @@ import numpy as np
 
 PRIOR_SD = 0.05  # a knob value's effect before any trial: a few percent, rarely more than ten
 INTERACTION_SD = 0.02  # what two knobs' values do together beyond the sum of their effects, before any trial
-RESIDUAL_SD = 0.01  # what neither explains (three knobs together, a row's own luck)
+# What neither explains: three knobs together, and a process's own luck, which its repetitions do not show. One
+# configuration run in 5 fresh processes on an H100 scattered by a log SD of 0.03-0.10 (median 0.07; 6
+# configurations, benchmarks/results/vs-fit-h100.json), where the repetitions inside each run agreed within ~1%.
+RESIDUAL_SD = 0.07
 INTERCEPT_SD = 1.0  # the performance model's own error at the boundary: unknown, a broad prior
 MAX_COLUMNS = 1000  # values and value pairs; beyond this the model keeps single values only
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoinfer.search.effects import INTERACTION_SD, PRIOR_SD, KnobEffects
+from autoinfer.search.effects import PRIOR_SD, KnobEffects
 
 VALUES = {"type_k": ["f16", "q8_0", "q4_0"], "flash_attn": ["off", "on"]}
 
@@ -20,7 +20,8 @@ def test_a_value_measured_slower_is_predicted_slower_and_one_never_measured_keep
     effects = KnobEffects(VALUES).fit(obs)
     assert effects.n == 4
     mean, sd = effects.diff({"type_k": "q8_0", "flash_attn": "off"}, {"type_k": "f16", "flash_attn": "off"})
-    assert mean < 0.8 * math.log(0.8) and sd < PRIOR_SD  # shrunk towards 0 by the prior, but clearly slower
+    # one process each, which can land RESIDUAL_SD away from another: shrunk towards 0, but slower beyond 2 SD
+    assert math.log(0.8) < mean < -2 * sd
     # never measured: like a typical value of the knob (between the measured ones), with the prior's spread
     q4, sd = effects.diff({"type_k": "q4_0", "flash_attn": "off"}, {"type_k": "f16", "flash_attn": "off"})
     q8, _ = effects.diff({"type_k": "q8_0", "flash_attn": "off"}, {"type_k": "f16", "flash_attn": "off"})
@@ -28,16 +29,18 @@ def test_a_value_measured_slower_is_predicted_slower_and_one_never_measured_keep
 
 
 def test_two_values_that_hurt_alone_and_help_together_are_learned_as_a_pair():
-    """q8_0 alone 10% slower, flash attention alone 10% slower, both together 5% faster: measured twice each, the
-    pair's prediction follows the measurement; a pair never measured keeps the prior's spread."""
+    """q8_0 alone 10% slower, flash attention alone 10% slower, both together 5% faster: measured in 16 processes
+    each, the pair's prediction follows the measurement (against the sum of the singles, 19% slower) and is surer
+    than a pair never measured, which keeps the prior's spread. (Two processes each are not enough: one process
+    lands up to RESIDUAL_SD away from another, and pairs start from a small prior.)"""
     truth = {("f16", "off"): 0.0, ("q8_0", "off"): math.log(0.9), ("f16", "on"): math.log(0.9),
              ("q8_0", "on"): math.log(1.05)}
-    obs = [({"type_k": k, "flash_attn": f}, y, 0.0001) for (k, f), y in truth.items()] * 2
+    obs = [({"type_k": k, "flash_attn": f}, y, 0.0001) for (k, f), y in truth.items()] * 16
     effects = KnobEffects(VALUES).fit(obs)
     base = {"type_k": "f16", "flash_attn": "off"}
     both, sd = effects.diff({"type_k": "q8_0", "flash_attn": "on"}, base)
-    assert both == pytest.approx(math.log(1.05), abs=0.03) and sd < INTERACTION_SD
+    assert both == pytest.approx(math.log(1.05), abs=0.01)
     one, _ = effects.diff({"type_k": "q8_0", "flash_attn": "off"}, base)
-    assert one == pytest.approx(math.log(0.9), abs=0.03)
+    assert math.log(0.9) < one < -sd
     _, unknown = effects.diff({"type_k": "q4_0", "flash_attn": "on"}, base)
-    assert unknown > PRIOR_SD
+    assert unknown > PRIOR_SD and unknown > 2 * sd
