@@ -69,9 +69,10 @@ def load_contest(path: Path, data: dict[str, Any] | None = None) -> tuple[Contes
     campaigns = []
     for entry in contest.contenders:
         file = (path.parent / entry).resolve() if not Path(entry).is_absolute() else Path(entry)
-        if file.is_file() and is_contest(load_yaml(file)):
+        document = load_yaml(file) if file.is_file() else None
+        if is_contest(document):
             raise UserError(f"{path}: contender {entry} is itself a contest; list campaign files")
-        campaigns.append(load_campaign(file))
+        campaigns.append(load_campaign(file, document))
     names = [c.name for c in campaigns]
     if len(set(names)) != len(names) or contest.name in names:
         raise UserError(f"{path}: the contenders' studies must have distinct names, other than the contest's "

@@ -350,11 +350,14 @@ def parse_campaign(data: Any, source: str = "<campaign>") -> Campaign:
     return campaign
 
 
-def load_campaign(path: Path) -> Campaign:
-    """Read and validate a campaign file. Relative model paths are taken relative to the file."""
-    if not path.is_file():
-        raise UserError(f"campaign file {path} does not exist; see experiments/ for examples")
-    campaign = parse_campaign(load_yaml(path), str(path))
+def load_campaign(path: Path, data: Any = None) -> Campaign:
+    """Read and validate a campaign file (`data`: its YAML document when the caller has read it already). Relative
+    model paths are taken relative to the file."""
+    if data is None:
+        if not path.is_file():
+            raise UserError(f"campaign file {path} does not exist; see experiments/ for examples")
+        data = load_yaml(path)
+    campaign = parse_campaign(data, str(path))
     models = [m if m.startswith(SYNTH_PREFIX) or Path(m).is_absolute() else str((path.parent / m).resolve())
               for m in campaign.model]
     return campaign.model_copy(update={"model": models})

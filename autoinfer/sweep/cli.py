@@ -11,6 +11,7 @@ from rich.console import Console
 from autoinfer.errors import UserError
 
 DEFAULT_CAMPAIGN = Path(__file__).resolve().parents[1] / "experiments" / "cpu-smoke.yaml"
+ANNOUNCE_CHECK = "\ndeployment check: starting that llama-server command once and asking it for a completion …"
 
 StudyOpt = typer.Option(None, "--study", help="Study name (default: the campaign's name, or the latest study).")
 StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite:///results/autoinfer.db).")
@@ -49,13 +50,14 @@ def sweep(
     from autoinfer.sweep.runner import sweep as run_sweep
 
     path = campaign_file or DEFAULT_CAMPAIGN
-    if path.is_file() and is_contest(data := load_yaml(path)):
+    data = load_yaml(path) if path.is_file() else None
+    if is_contest(data):
         if study is not None:
             raise UserError("--study names one study; a contest's studies are named by the `name:` of its contest "
                             "and campaign files")
         sweep_contest(path, data, storage=storage, trials=trials, timeout=timeout, quiet=quiet, confirm=confirm)
         return
-    campaign = load_campaign(path)
+    campaign = load_campaign(path, data)
     result = run_sweep(campaign, study_name=study, storage=storage, trials=trials, wall_s=timeout,
                        progress=not quiet, confirm=confirm)
     failed = diagnose(result.study)
@@ -65,8 +67,7 @@ def sweep(
     console = Console()
     print_recommendation(console, result.study, result.campaign)
     best = as_best(result.study, recommend(result.study))
-    check = check_recommendation(result.study, result.campaign, best, announce=lambda: console.print(
-        "\ndeployment check: starting that llama-server command once and asking it for a completion …"))
+    check = check_recommendation(result.study, result.campaign, best, announce=lambda: console.print(ANNOUNCE_CHECK))
     print_deployment_check(console, check)
     if check.status == "failed":  # the printed command does not work: the sweep's answer is not usable as is
         raise SystemExit(1)
@@ -163,8 +164,7 @@ def sweep_contest(path: Path, data: dict, *, storage: Optional[str], trials: Opt
         raise SystemExit(SWEEP_FAILED)
     member, campaign, best = found
     print_contest_command(console, best, member, campaign.engine)
-    check = deploy.check_recommendation(member, campaign, best, announce=lambda: console.print(
-        "\ndeployment check: starting that llama-server command once and asking it for a completion …"))
+    check = deploy.check_recommendation(member, campaign, best, announce=lambda: console.print(ANNOUNCE_CHECK))
     deploy.record(result.study, check)
     print_deployment_check(console, check)
     if check.status == "failed":
