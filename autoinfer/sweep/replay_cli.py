@@ -194,10 +194,10 @@ def replay(
     """Median number of trials each search strategy needs to reach 98% of the table's best feasible row."""
     results, best = compare(table, [s.strip() for s in sampler.split(",") if s.strip()], seeds, budget_mib, trials,
                             objective)
-    print_results(Console(), results, best, trials, objective)
+    print_results(Console(), results, best, objective)
 
 
-def print_results(console: Console, results: list[StrategyResult], best: float, trials: int, objective: str) -> None:
+def print_results(console: Console, results: list[StrategyResult], best: float, objective: str) -> None:
     out = Table(title=f"trials to reach {TARGET:.0%} of the best feasible row ({objective} {best:.2f})")
     free = any(r.trials_needed_noise_free is not None for r in results)
     for col in ("strategy", "median trials", "reached", "range", *(["noise-free median"] if free else []),
@@ -205,9 +205,9 @@ def print_results(console: Console, results: list[StrategyResult], best: float, 
         out.add_column(col)
     for r in results:
         reached = [n for n in r.trials_needed if n is not None]
-        out.add_row(r.strategy, _shown(r.median, trials), f"{len(reached)}/{len(r.trials_needed)}",
+        out.add_row(r.strategy, _shown(r.median, r.budget), f"{len(reached)}/{len(r.trials_needed)}",
                     f"{min(reached)}–{max(reached)}" if reached else "—",
-                    *([_shown(r.median_noise_free, trials)] if free else []),
+                    *([_shown(r.median_noise_free, r.budget)] if free else []),
                     f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
     console.print(out)
 
