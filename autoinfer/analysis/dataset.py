@@ -206,8 +206,8 @@ def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | N
     each model's GGUF byte accounting of the trial's placement (its -ngl, -ncmoe and overrides, and the campaign's
     placement parameters `placement`/`cpu_expert_layers`/`expert_split` realised as llama.cpp would get them).
 
-    `info_of(model)` returns a ModelInfo, or None when the file is not on this machine (imported rows); those rows
-    get NaN rather than a guess.
+    `info_of(model)` returns the model's byte accounting (model_info_of), or None when it is not on this machine
+    (imported rows); those rows get NaN rather than a guess.
     """
     out = frame.copy()
     columns = ("gpu_gb", "cpu_gb", "active_gpu_gb", "active_cpu_gb", "cpu_layers")
@@ -257,13 +257,22 @@ def ran_on_gpu(row: pd.Series) -> bool:
     return True
 
 
-def gguf_info_of(model: str) -> Any | None:
-    """ModelInfo for a GGUF path that exists here; None for a model name without a file (imported rows), a file
-    that is no GGUF at all (a replay campaign's label) or a GGUF autoinfer cannot size (another architecture, a
-    damaged file: its trials failed to load, and the analysis of the rest goes on)."""
+def model_info_of(model: str) -> Any | None:
+    """The byte accounting of a trial's model: a GGUF that exists here (ModelInfo), or the shape JSON a table
+    carries instead of its GGUF (ModelShape: tensors and layer counts, all the placement needs). None for a model
+    name without a file (imported rows), a file that is neither (a replay campaign's label) or a GGUF autoinfer
+    cannot size (another architecture, a damaged file: its trials failed to load, and the analysis of the rest goes
+    on)."""
     path = Path(model)
     if not path.is_file():
         return None
+    if path.name.endswith(".shape.json"):
+        from autoinfer.model.shape import ModelShape
+
+        try:
+            return ModelShape.from_json(path.read_text())
+        except (ValueError, TypeError, KeyError):
+            return None
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             return None
@@ -278,7 +287,7 @@ def gguf_info_of(model: str) -> Any | None:
 def load_frame(study: optuna.Study, *, placement: bool = True) -> pd.DataFrame:
     """The analysis table of a study, with the GGUF-derived placement columns."""
     frame = study_frame(study)
-    return add_placement_features(frame, gguf_info_of) if placement else frame
+    return add_placement_features(frame, model_info_of) if placement else frame
 
 
 # ---------------------------------------------------------------- per configuration

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from autoinfer.engines.base import Outcome
-from autoinfer.engines.replay import PER_GPU_COLUMN, RESULT_COLUMNS
+from autoinfer.engines.replay import PER_GPU_COLUMN, RESULT_COLUMNS, shape_path
 from autoinfer.errors import UserError
 
 # The seed study's hardware (PROVENANCE.txt; configs/rtx3070_8gb.json; qjl_*.json "gpu_name").
@@ -400,11 +400,32 @@ def _samples(cell: str) -> tuple[float, ...] | None:
 
 def read_generic_csv(path: Path, text: str) -> ImportResult:
     """Parameter columns (TrialConfig names or anything else) plus result columns (the replay table's: tg/pp and
-    their samples, memory peaks, wall time, outcome), which never become parameters; samples may be ';'-joined."""
+    their samples, memory peaks, wall time, outcome), which never become parameters; samples may be ';'-joined.
+    A table written by benchmarks/make_table.py brings its sidecars' shared parameters and model shape."""
     try:
         return _read_generic_csv(path, text)
     except csv.Error as exc:
         raise UserError(f"{path}: not a readable CSV ({exc}); save it as plain comma-separated text") from None
+
+
+def _table_sidecars(path: Path) -> dict[str, Any]:
+    """What benchmarks/make_table.py writes beside a table: the parameters every row shares (.meta.json `fixed`,
+    n_prompt, n_gen) and the model's byte accounting (.shape.json), which becomes the rows' model so that `analyze`
+    places the weights of a table measured elsewhere without its GGUF."""
+    shared: dict[str, Any] = {}
+    meta = path.with_name(path.stem + ".meta.json")
+    if meta.is_file():
+        try:
+            data = json.loads(meta.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{meta}: not valid JSON ({exc.msg}, line {exc.lineno}); fix it or move it away from "
+                            f"{path.name}") from None
+        if isinstance(data, dict):
+            shared.update({k: data[k] for k in ("n_prompt", "n_gen") if k in data})
+            shared.update(data.get("fixed") or {})
+    if shape_path(path).is_file():
+        shared["model"] = str(shape_path(path).resolve())
+    return shared
 
 
 def _read_generic_csv(path: Path, text: str) -> ImportResult:
@@ -413,6 +434,7 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
     if not header:
         raise UserError(f"{path}: no header row; the first line must name the columns (tg, pp, parameters)")
     names = [_ALIASES.get(h.strip().lower(), h.strip()) for h in header]
+    shared = {k: v for k, v in _table_sidecars(path).items() if k not in names}
     if not {"tg", "pp"} & set(names):
         raise UserError(f"{path}: no tg or pp column (also accepted: tok_s, tg_tok_s, pp_tok_s); "
                         f"columns are {', '.join(repr(h)[1:-1] for h in header)[:300]}")
@@ -442,8 +464,8 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
         if outcome is Outcome.OK and not (tg or pp):
             junk.append(JunkRow(str(path), number, "outcome ok without a tg or pp value", text_row))
             continue
-        params = {k: _param_value(v) for k, v in mapping.items()
-                  if k not in _MEASURE_COLUMNS and not PER_GPU_COLUMN.fullmatch(k)}
+        params = {**shared, **{k: _param_value(v) for k, v in mapping.items()
+                               if k not in _MEASURE_COLUMNS and not PER_GPU_COLUMN.fullmatch(k)}}
         if "override_tensors" in params:
             params["override_tensors"] = [p for p in str(params["override_tensors"]).split(";") if p]
         vram, rss = _num(mapping.get("vram_mib")), _num(mapping.get("rss_mib"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -191,3 +192,31 @@ def test_csv_without_speed_columns_is_refused(tmp_path):
     path.write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="no tg or pp column"):
         read_file(path)
+
+
+def test_project_table_brings_its_sidecars(tmp_path):
+    """A table benchmarks/make_table.py wrote on a GPU machine (the measured H100 table) is analysed here without
+    its GGUF: the .meta.json's fixed parameters go into every row and the .shape.json places the weights."""
+    table = Path(__file__).resolve().parents[2] / "benchmarks" / "tables" / "h100-35b-four-knobs.csv"
+    result = read_file(table)
+    params = result.rows[0].params
+    assert (params["placement"], params["n_gpu_layers"], params["flash_attn"], params["n_gen"]) == ("last", 99, "on", 32)
+    assert params["model"].endswith("h100-35b-four-knobs.shape.json")
+    study = optuna.create_study(direction="maximize")
+    add_to_study([result], study)
+    frame = load_frame(study)
+    by_layers = frame.groupby("cpu_expert_layers")["cpu_gb"].first()
+    assert by_layers.notna().all() and by_layers.is_monotonic_increasing and by_layers.iloc[0] > 0
+    shape = json.loads(table.with_name("h100-35b-four-knobs.shape.json").read_text())
+    experts_of_one_layer = sum(t["n_bytes"] for t in shape["tensors"] if t["layer"] == 0
+                               and t["group"] == "routed_experts") / 1e9
+    assert by_layers[8] - by_layers[4] == pytest.approx(4 * experts_of_one_layer, rel=0.02)
+
+
+def test_a_broken_table_sidecar_is_a_one_line_error(tmp_path):
+    (tmp_path / "t.csv").write_text("threads,tg,pp\n8,30,500\n")
+    (tmp_path / "t.meta.json").write_text("{fixed: ")
+    with pytest.raises(UserError, match=r"t\.meta\.json: not valid JSON"):
+        read_file(tmp_path / "t.csv")
+    (tmp_path / "t.meta.json").unlink()
+    assert read_file(tmp_path / "t.csv").rows[0].params == {"threads": 8}
