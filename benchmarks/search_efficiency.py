@@ -161,8 +161,18 @@ def print_tables(console: Console, summary: list[dict]) -> None:
                     *(shown(row[s]["median"], row[s]["trials"]) for s in ran),
                     shown(row["boundary"]["median_noise_free"], row["boundary"]["trials"])
                     if "boundary" in row else "—",
-                    f"{row['ratio']:.2f}" if row["ratio"] is not None else "—")
+                    ratio_shown(row))
     console.print(out)
+
+
+def ratio_shown(row: dict) -> str:
+    """boundary/random, marked as a bound where a median is censored at its trial budget (both censored: unknown)."""
+    if row["ratio"] is None:
+        return "—"
+    over = {s: row[s]["median"] > row[s]["trials"] for s in ("boundary", "random")}
+    if over["boundary"] and over["random"]:
+        return "?"
+    return f"{'≤ ' if over['random'] else '≥ ' if over['boundary'] else ''}{row['ratio']:.2f}"
 
 
 def print_budgets(console: Console, summary: list[dict], trials: int, random_trials: int) -> None:
