@@ -420,9 +420,12 @@ def _table_sidecars(path: Path) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise UserError(f"{meta}: not valid JSON ({exc.msg}, line {exc.lineno}); fix it or move it away from "
                             f"{path.name}") from None
-        if isinstance(data, dict):
-            shared.update({k: data[k] for k in ("n_prompt", "n_gen") if k in data})
-            shared.update(data.get("fixed") or {})
+        fixed = (data.get("fixed") or {}) if isinstance(data, dict) else None
+        if not isinstance(fixed, dict):
+            raise UserError(f"{meta}: expected an object with `fixed` parameters (name: value), as "
+                            f"benchmarks/make_table.py writes it; fix it or move it away from {path.name}")
+        shared.update({k: data[k] for k in ("n_prompt", "n_gen") if k in data})
+        shared.update(fixed)
     if shape_path(path).is_file():
         shared["model"] = str(shape_path(path).resolve())
     return shared

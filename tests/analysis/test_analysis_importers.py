@@ -218,5 +218,9 @@ def test_a_broken_table_sidecar_is_a_one_line_error(tmp_path):
     (tmp_path / "t.meta.json").write_text("{fixed: ")
     with pytest.raises(UserError, match=r"t\.meta\.json: not valid JSON"):
         read_file(tmp_path / "t.csv")
+    for wrong in ("[1, 2]", '{"fixed": "threads=8"}'):
+        (tmp_path / "t.meta.json").write_text(wrong)
+        with pytest.raises(UserError, match=r"t\.meta\.json: expected an object"):
+            read_file(tmp_path / "t.csv")
     (tmp_path / "t.meta.json").unlink()
     assert read_file(tmp_path / "t.csv").rows[0].params == {"threads": 8}
