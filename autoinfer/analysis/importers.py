@@ -413,7 +413,7 @@ def _table_sidecars(path: Path) -> dict[str, Any]:
     n_prompt, n_gen) and the model's byte accounting (.shape.json), which becomes the rows' model so that `analyze`
     places the weights of a table measured elsewhere without its GGUF."""
     shared: dict[str, Any] = {}
-    meta = path.with_name(path.stem + ".meta.json")
+    meta = path.with_suffix(".meta.json")
     if meta.is_file():
         try:
             data = json.loads(meta.read_text())
@@ -426,8 +426,9 @@ def _table_sidecars(path: Path) -> dict[str, Any]:
                             f"benchmarks/make_table.py writes it; fix it or move it away from {path.name}")
         shared.update({k: data[k] for k in ("n_prompt", "n_gen") if k in data})
         shared.update(fixed)
-    if shape_path(path).is_file():
-        shared["model"] = str(shape_path(path).resolve())
+    shape = shape_path(path)
+    if shape.is_file():
+        shared["model"] = str(shape.resolve())
     return shared
 
 
@@ -437,10 +438,10 @@ def _read_generic_csv(path: Path, text: str) -> ImportResult:
     if not header:
         raise UserError(f"{path}: no header row; the first line must name the columns (tg, pp, parameters)")
     names = [_ALIASES.get(h.strip().lower(), h.strip()) for h in header]
-    shared = {k: v for k, v in _table_sidecars(path).items() if k not in names}
     if not {"tg", "pp"} & set(names):
         raise UserError(f"{path}: no tg or pp column (also accepted: tok_s, tg_tok_s, pp_tok_s); "
                         f"columns are {', '.join(repr(h)[1:-1] for h in header)[:300]}")
+    shared = {k: v for k, v in _table_sidecars(path).items() if k not in names}
     rows: list[ImportedRow] = []
     junk: list[JunkRow] = []
     outcomes = {o.value for o in Outcome}
