@@ -6,15 +6,17 @@ Synthetic tables are also scored against 98% of the best feasible noise-free val
 row lifted by its noise cannot set that target). Targets: the boundary search needs a median of at most 12 trials
 on every table and budget, and at most 1/4 of random search's median.
 
-    python benchmarks/search_efficiency.py            # every table under benchmarks/tables/ + synthetic seeds 184-207
+    python benchmarks/search_efficiency.py            # every table under benchmarks/tables/ + synthetic seeds 208-231
     python benchmarks/search_efficiency.py --table benchmarks/tables/h100-35b.csv --budget 8192 --no-synthetic
     python benchmarks/search_efficiency.py --no-measured --synthetic 0 --synthetic 1 --strategy boundary
+    python benchmarks/search_efficiency.py --random-trials 100 --jobs 16    # all of it, on a 16-core machine
 
 Tables: benchmarks/tables/*.csv and synthetic tables with random structure (benchmarks/synthetic_tables.py),
-generated into a temporary folder. The default synthetic seeds (184-207) were not looked at while the search was
-developed (seeds 0-19 were; 100-123, whose worst tables were traced for the peaks carried over between knob values;
-and 124-147, of which 124, 126, 128 and 138 were traced for the knob effects' residual). Seeds 148-159 judged that
-last change once, before and after, and 160-183 the search as it stands (benchmarks/results/search-efficiency.md).
+generated into a temporary folder. The default synthetic seeds (208-231) have not been looked at. Seeds 0-19 were
+looked at while the search was developed; 100-123, whose worst tables were traced for the peaks carried over between
+knob values; 124-147, of which 124, 126, 128 and 138 were traced for the knob effects' residual; 148-183 judged
+later changes and were traced where worst; 184-207 judged the search once, as it stands, untraced
+(benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
@@ -27,11 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
 from pathlib import Path
 
 import pandas as pd
@@ -46,9 +52,10 @@ TABLES = Path(__file__).resolve().parent / "tables"
 STRATEGIES = ("boundary", "informed", "random")
 DEFAULT_STRATEGIES = ("boundary", "random")
 GIB = (8192, 12288, 16384)
-REPORT_SEEDS = range(184, 208)  # synthetic tables never looked at while developing the search
+REPORT_SEEDS = range(208, 232)  # synthetic tables never looked at while developing the search
 TARGET_TRIALS = 12
 TARGET_RATIO = 0.25
+BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def budgets_for(table: Path, given: list[float]) -> list[float | None]:
@@ -85,46 +92,61 @@ def main(argv: list[str] | None = None) -> int:
                          "boundary and random)")
     ap.add_argument("--quiet", action="store_true", help="only the summary, not each table's results")
     ap.add_argument("--out", type=Path, help="also write the results as JSON")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes: tables are generated and (table, budget) cases run in parallel (results as one)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*experimental feature.*")
     console = Console(width=200)
-    summary = []
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
     tables = [] if args.no_measured else list(args.table or sorted(TABLES.glob("*.csv")))
-    if not args.no_synthetic:
-        tables += [synthetic_table(Path(scratch.name), seed) for seed in (args.synthetic or REPORT_SEEDS)]
-    strategies = args.strategy or list(DEFAULT_STRATEGIES)
     started = time.monotonic()
-    for table in tables:
-        free = noise_free_path(table)
-        noise_free = pd.read_csv(free) if free.is_file() else None
-        for budget in budgets_for(table, args.budget):
-            results = []
-            for strategy in strategies:
-                trials = args.random_trials if strategy == "random" and args.random_trials else args.trials
-                ran, best = compare(table, [strategy], args.seeds, budget, trials, args.objective, noise_free)
-                results += ran
-            at_target, feasible = target_rows(table, budget, args.objective)
-            if not args.quiet:
-                console.print(f"\n[bold]{table.name}[/bold]  budget {budget or 'none'} MiB  "
-                              f"{args.seeds} seeds × ≤{args.trials} trials"
-                              + (f" (random ≤{args.random_trials})" if args.random_trials else ""))
-                print_results(console, results, best, args.objective)
-            by = {r.strategy: r for r in results}
-            ratio = by["boundary"].median / by["random"].median if {"boundary", "random"} <= set(by) else None
-            summary.append({"table": table.name, "kind": kind_of(table, noise_free is not None), "budget_mib": budget,
-                            "best": best, "rows_at_target": at_target, "feasible_rows": feasible, "ratio": ratio,
-                            **{r.strategy: {"trials": r.budget, "median": r.median, "median_noise_free": r.median_noise_free,
-                                            "trials_needed": list(r.trials_needed),
-                                            "trials_needed_noise_free": list(r.trials_needed_noise_free or []),
-                                            "not_run": list(r.skipped), "wall_s": round(r.wall_s, 1)}
-                               for r in results}})
+    if args.jobs > 1:  # a process per core: their BLAS threads would only contend (a spawned process reads these
+        for name in BLAS_THREADS:  # as it starts; a forked one keeps its parent's threads)
+            os.environ.setdefault(name, "1")
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) if args.jobs > 1 else nullcontext() as pool:
+        run = pool.map if pool is not None else map
+        if not args.no_synthetic:
+            seeds = args.synthetic or list(REPORT_SEEDS)
+            tables += list(run(synthetic_table, [Path(scratch.name)] * len(seeds), seeds))
+        cases = [(table, budget) for table in tables for budget in budgets_for(table, args.budget)]
+        done = list(run(run_case, *zip(*cases), [args] * len(cases))) if cases else []
+    summary = []
+    for (table, budget), (row, results, best) in zip(cases, done):
+        if not args.quiet:
+            console.print(f"\n[bold]{table.name}[/bold]  budget {budget or 'none'} MiB  "
+                          f"{args.seeds} seeds × ≤{args.trials} trials"
+                          + (f" (random ≤{args.random_trials})" if args.random_trials else ""))
+            print_results(console, results, best, args.objective)
+        summary.append(row)
     print_tables(console, summary)
     print_budgets(console, summary, args.trials, args.random_trials or args.trials)
     console.print(f"wall time {time.monotonic() - started:.0f} s")
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def run_case(table: Path, budget: float | None, args: argparse.Namespace) -> tuple[dict, list, float]:
+    """Every strategy on one table and budget: (the summary row, the strategies' results, the best row's value)."""
+    warnings.filterwarnings("ignore", message=".*experimental feature.*")
+    free = noise_free_path(table)
+    noise_free = pd.read_csv(free) if free.is_file() else None
+    results = []
+    for strategy in args.strategy or list(DEFAULT_STRATEGIES):
+        trials = args.random_trials if strategy == "random" and args.random_trials else args.trials
+        ran, best = compare(table, [strategy], args.seeds, budget, trials, args.objective, noise_free)
+        results += ran
+    at_target, feasible = target_rows(table, budget, args.objective)
+    by = {r.strategy: r for r in results}
+    ratio = by["boundary"].median / by["random"].median if {"boundary", "random"} <= set(by) else None
+    row = {"table": table.name, "kind": kind_of(table, noise_free is not None), "budget_mib": budget,
+           "best": best, "rows_at_target": at_target, "feasible_rows": feasible, "ratio": ratio,
+           **{r.strategy: {"trials": r.budget, "median": r.median, "median_noise_free": r.median_noise_free,
+                           "trials_needed": list(r.trials_needed),
+                           "trials_needed_noise_free": list(r.trials_needed_noise_free or []),
+                           "not_run": list(r.skipped), "wall_s": round(r.wall_s, 1)}
+              for r in results}}
+    return row, results, best
 
 
 def target_rows(table: Path, budget: float | None, objective: str) -> tuple[int, int]:
