@@ -226,6 +226,11 @@ def print_budgets(console: Console, summary: list[dict], trials: int, random_tri
     console.print(f"targets {'met' if met else 'missed'} on the row-based count: every table ≤ {TARGET_TRIALS} "
                   f"trials and ≤ {TARGET_RATIO} of random's median (random's median is censored at {random_trials + 1} "
                   "where it never got there)")
+    above = [r for r in summary if r["boundary"]["median"] > TARGET_TRIALS]
+    free = [r for r in summary if r["boundary"]["median_noise_free"] is not None]
+    console.print(f"above {TARGET_TRIALS} trials: {len(above)} of {len(summary)} table-budgets by rows"
+                  + (f", {sum(r['boundary']['median_noise_free'] > TARGET_TRIALS for r in free)} of {len(free)} "
+                     "noise-free" if free else ""))
 
 
 if __name__ == "__main__":
