@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
     tables = [] if args.no_measured else list(args.table or sorted(TABLES.glob("*.csv")))
+    if not tables and args.no_synthetic:
+        ap.error("no tables: --no-measured and --no-synthetic leave nothing to search")
     started = time.monotonic()
     if args.jobs > 1:  # a process per core: their BLAS threads would only contend (a spawned process reads these
         for name in BLAS_THREADS:  # as it starts; a forked one keeps its parent's threads)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             seeds = args.synthetic or list(REPORT_SEEDS)
             tables += list(run(synthetic_table, [Path(scratch.name)] * len(seeds), seeds))
         cases = [(table, budget) for table in tables for budget in budgets_for(table, args.budget)]
-        done = list(run(run_case, *zip(*cases), [args] * len(cases))) if cases else []
+        done = list(run(run_case, *zip(*cases), [args] * len(cases)))
     summary = []
     for (table, budget), (row, results, best) in zip(cases, done):
         if not args.quiet:
