@@ -17,11 +17,11 @@ table to the numbers. Planted tables (a formula plus noise, not a measurement) a
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import optuna
+from search_efficiency import kind_of
 
 from autoinfer.analysis import fits as F
 from autoinfer.analysis.dataset import add_to_study, load_frame
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if not shape_path(table).is_file():
             print(f"{table.name}: no .shape.json, skipped")
             continue
-        meta_path = table.with_suffix(".meta.json")
-        planted = "planted" in json.loads(meta_path.read_text()).get("source", "") if meta_path.is_file() else False
+        planted = kind_of(table, synthetic=False) == "planted"
         fits = fitted(table)
         real = {n: f for n, f in fits.fits.items() if math.isfinite(f.aicc)}
         pick = min(real, key=lambda n: real[n].aicc) if real else "none"

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             print_results(console, results, best, args.objective)
         summary.append(row)
     print_tables(console, summary)
-    print_budgets(console, summary, args.trials, args.random_trials or args.trials)
+    print_budgets(console, summary)
     console.print(f"wall time {time.monotonic() - started:.0f} s")
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -199,10 +199,12 @@ def ratio_shown(row: dict) -> str:
     return f"{'≤ ' if over['random'] else '≥ ' if over['boundary'] else ''}{row['ratio']:.2f}"
 
 
-def print_budgets(console: Console, summary: list[dict], trials: int, random_trials: int) -> None:
+def print_budgets(console: Console, summary: list[dict]) -> None:
     """Per budget and kind of table: the median over tables and the worst table, against the targets."""
     if "boundary" not in summary[0]:
         return
+    trials = summary[0]["boundary"]["trials"]
+    random_trials = summary[0].get("random", summary[0]["boundary"])["trials"]
     out = Table(title=f"boundary search per budget: median over tables (worst table) of the per-table median trials; "
                       f"targets ≤ {TARGET_TRIALS} trials and ≤ {TARGET_RATIO} of random")
     for col in ("tables", "budget MiB", "n", "trials to 98% of best row", "noise-free", "boundary/random"):
