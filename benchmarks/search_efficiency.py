@@ -16,8 +16,8 @@ generated into a temporary folder. The default synthetic seeds (232-255) have no
 looked at while the search was developed; 100-123, whose worst tables were traced for the peaks carried over between
 knob values; 124-147, of which 124, 126, 128 and 138 were traced for the knob effects' residual; 148-183 judged
 later changes and were traced where worst; 184-207 judged the search once, were then traced where worst and
-judged two changes that were not kept; 208-231 judged the search once more, as it stands; then 227 was traced and
-184-231 judged a third change, not kept (benchmarks/results/search-efficiency.md).
+judged two changes that were not kept; 208-231 judged the search once more, as it stands; then 227 was traced,
+184-231 judged a third change and 184-207 a fourth, neither kept (benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
