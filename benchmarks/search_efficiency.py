@@ -99,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="processes: tables are generated and (table, budget) cases run in parallel (results as one)")
     args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*experimental feature.*")
     console = Console(width=200)
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
     tables = [] if args.no_measured else list(args.table or sorted(TABLES.glob("*.csv")))
