@@ -155,3 +155,19 @@ def _llama():
     from autoinfer.engines.llama_bench import LlamaBenchEngine
 
     return LlamaBenchEngine.__new__(LlamaBenchEngine)
+
+
+def test_a_one_gpu_table_replayed_on_a_host_of_four_gpus_is_predicted_for_one(planted, monkeypatch):
+    """The memory model predicts the GPUs the trials' peaks come from: a replay table's, not this host's (on a
+    four-GPU host every replayed placement was predicted at a quarter of its peak and measured over the budget)."""
+    from autoinfer.engines import base
+    from autoinfer.search import context
+    from autoinfer.search.context import SearchContext
+
+    monkeypatch.setattr(context, "measured_gpus", lambda: (0, 1, 2, 3))
+    campaign = parse_campaign(_campaign(planted))
+    replayed = SearchContext.create(campaign, base.create("replay", table=str(planted)), {str(planted): str(planted)})
+    assert replayed.n_gpus == 1 and not any("GPUs:" in n for n in replayed.notes), replayed.notes
+    measured = SearchContext.create(parse_campaign({"name": "c", "engine": "llama-bench", "model": str(planted),
+                                                    "constraints": {"vram_mib": BUDGET}}), _llama(), {})
+    assert measured.n_gpus == 4
