@@ -31,6 +31,7 @@ than the target, the row-based target asks for luck, which the summary counts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -50,7 +51,8 @@ from rich.table import Table
 from synthetic_tables import noise_free_path, synthetic_table
 
 from autoinfer.engines.replay import read_table
-from autoinfer.sweep.replay_cli import TARGET, compare, print_results, truth
+from autoinfer.errors import UserError
+from autoinfer.sweep.replay_cli import TARGET, Goals, StrategyResult, goals, print_results, run_seed, strategy_result
 
 TABLES = Path(__file__).resolve().parent / "tables"
 STRATEGIES = ("boundary", "informed", "random")
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="only the summary, not each table's results")
     ap.add_argument("--out", type=Path, help="also write the results as JSON")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="processes: tables are generated and (table, budget) cases run in parallel (results as one)")
+                    help="processes: tables are generated and the seeds of every (table, budget) case run in parallel "
+                         "(results as one)")
     args = ap.parse_args(argv)
     console = Console(width=200)
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
@@ -114,9 +117,17 @@ def main(argv: list[str] | None = None) -> int:
             seeds = args.synthetic or list(REPORT_SEEDS)
             tables += list(run(synthetic_table, [Path(scratch.name)] * len(seeds), seeds))
         cases = [(table, budget) for table in tables for budget in budgets_for(table, args.budget)]
-        done = list(run(run_case, *zip(*cases), [args] * len(cases)))
+        try:  # every case's targets before any run: a budget no row fits is an error now, not a worker's traceback
+            goal = {(table, budget): scored(table, budget, args.objective) for table, budget in cases}
+        except UserError as e:
+            console.print(f"error: {e}", markup=False, highlight=False)
+            return 2
+        runs = [(table, budget, strategy, seed) for table, budget in cases for strategy in strategies(args)
+                for seed in range(args.seeds)]  # one unit of work per seed: a slow table's seeds share the cores
+        done = dict(zip(runs, run(run_unit, *zip(*runs), [args] * len(runs))))
     summary = []
-    for (table, budget), (row, results, best) in zip(cases, done):
+    for table, budget in cases:
+        row, results, best = case_row(table, budget, args, goal[(table, budget)], done)
         if not args.quiet:
             console.print(f"\n[bold]{table.name}[/bold]  budget {budget or 'none'} MiB  "
                           f"{args.seeds} seeds × ≤{args.trials} trials"
@@ -131,39 +142,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_case(table: Path, budget: float | None, args: argparse.Namespace) -> tuple[dict, list, float]:
-    """Every strategy on one table and budget: (the summary row, the strategies' results, the best row's value)."""
-    warnings.filterwarnings("ignore", message=".*experimental feature.*")
+def strategies(args: argparse.Namespace) -> list[str]:
+    return args.strategy or list(DEFAULT_STRATEGIES)
+
+
+def trials_of(strategy: str, args: argparse.Namespace) -> int:
+    return args.random_trials if strategy == "random" and args.random_trials else args.trials
+
+
+def scored(table: Path, budget: float | None, objective: str) -> Goals:
+    """The table's targets at a budget, with its noise-free values where its generator wrote them."""
     free = noise_free_path(table)
-    noise_free = pd.read_csv(free) if free.is_file() else None
+    return goals(table, objective, budget, pd.read_csv(free) if free.is_file() else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _scored(table: Path, budget: float | None, objective: str) -> Goals:
+    """scored(), read once per process for the seeds of one case it runs in a row."""
+    return scored(table, budget, objective)
+
+
+def run_unit(table: Path, budget: float | None, strategy: str, seed: int,
+             args: argparse.Namespace) -> tuple[tuple[int | None, int, int | None], float]:
+    """One seed of one strategy on one table and budget: (run_seed's answer, its seconds)."""
+    warnings.filterwarnings("ignore", message=".*experimental feature.*")
+    started = time.monotonic()
+    ran = run_seed(table, strategy, seed, budget, trials_of(strategy, args), args.objective,
+                   _scored(table, budget, args.objective))
+    return ran, time.monotonic() - started
+
+
+def case_row(table: Path, budget: float | None, args: argparse.Namespace, goal: Goals,
+             done: dict[tuple, tuple]) -> tuple[dict, list[StrategyResult], float]:
+    """Every strategy on one table and budget from its seeds' runs: (the summary row, the strategies' results, the
+    best row's value)."""
     results = []
-    for strategy in args.strategy or list(DEFAULT_STRATEGIES):
-        trials = args.random_trials if strategy == "random" and args.random_trials else args.trials
-        ran, best = compare(table, [strategy], args.seeds, budget, trials, args.objective, noise_free)
-        results += ran
-    at_target, feasible, oracle = haystack(table, budget, args.objective, noise_free)
+    for strategy in strategies(args):
+        units = [done[(table, budget, strategy, seed)] for seed in range(args.seeds)]
+        results.append(strategy_result(strategy, [u[0] for u in units], sum(u[1] for u in units),
+                                       trials_of(strategy, args), goal.reference is not None))
+    at_target, feasible, oracle = haystack(goal)
     by = {r.strategy: r for r in results}
     ratio = by["boundary"].median / by["random"].median if {"boundary", "random"} <= set(by) else None
-    row = {"table": table.name, "kind": kind_of(table, noise_free is not None), "budget_mib": budget,
-           "best": best, "rows_at_target": at_target, "feasible_rows": feasible, "oracle": oracle, "ratio": ratio,
+    row = {"table": table.name, "kind": kind_of(table, goal.reference is not None), "budget_mib": budget,
+           "best": goal.best, "rows_at_target": at_target, "feasible_rows": feasible, "oracle": oracle,
+           "ratio": ratio,
            **{r.strategy: {"trials": r.budget, "median": r.median, "median_noise_free": r.median_noise_free,
                            "trials_needed": list(r.trials_needed),
                            "trials_needed_noise_free": list(r.trials_needed_noise_free or []),
                            "not_run": list(r.skipped), "wall_s": round(r.wall_s, 1)}
               for r in results}}
-    return row, results, best
+    return row, results, goal.best
 
 
-def haystack(table: Path, budget: float | None, objective: str,
-             noise_free: pd.DataFrame | None) -> tuple[int, int, float | None]:
+def haystack(goal: Goals) -> tuple[int, int, float | None]:
     """(feasible rows within 98% of the best, feasible rows, the oracle's trials): how many needles the haystack
     holds, and how soon a search that knew every row's noise-free value and peak would draw one (None without
     noise-free values)."""
-    df = read_table(table)
-    target = truth(df, objective, budget)
-    hit = target >= TARGET * target.max()
-    oracle = None if noise_free is None else oracle_trials(truth(df, objective, budget, noise_free), hit)
-    return int(hit.sum()), int(target.notna().sum()), oracle
+    hit = goal.target >= TARGET * goal.best
+    oracle = None if goal.reference is None else oracle_trials(goal.reference, hit)
+    return int(hit.sum()), int(goal.target.notna().sum()), oracle
 
 
 def oracle_trials(free: pd.Series, hit: pd.Series, draws: int = 201) -> float:

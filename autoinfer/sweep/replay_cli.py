@@ -35,7 +35,7 @@ class StrategyResult:
     strategy: str
     trials_needed: tuple[int | None, ...]  # per seed; None: not reached within the trial budget
     skipped: tuple[int, ...]  # records made without a measurement per seed (predicted infeasible, repeats)
-    wall_s: float
+    wall_s: float  # seconds its runs took, summed (runs made in parallel overlap)
     budget: int  # measured-trial budget of each run
     #: per seed, trials until a row within 98% of the best noise-free value (tables whose generator knows it)
     trials_needed_noise_free: tuple[int | None, ...] | None = None
@@ -98,21 +98,23 @@ def _scratch_results() -> Iterator[None]:
                 os.environ["AUTOINFER_RESULTS"] = old
 
 
-def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
-            objective: str = "tg", noise_free: pd.DataFrame | None = None) -> tuple[list[StrategyResult], float]:
-    """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value. With
-    `noise_free` (tg/pp of every row before noise, as a synthetic table's generator knows them) each run is also
-    scored against 98% of the best feasible noise-free value, which no lucky row can lift."""
-    import time
+@dataclass(frozen=True)
+class Goals:
+    """What a simulated run on one table and budget is scored against, from one read of the table."""
 
-    from autoinfer.campaign.spec import parse_campaign
-    from autoinfer.engines.replay import parameter_columns, read_table
-    from autoinfer.store.trials import MEMORY_STORAGE
-    from autoinfer.sweep.runner import sweep
+    df: pd.DataFrame
+    target: pd.Series  # the objective per row, NaN where infeasible or failed
+    reference: pd.Series | None  # the same from noise-free values (tables whose generator knows them)
 
-    bad = [s for s in strategies if s not in STRATEGIES]
-    if bad:
-        raise UserError(f"--sampler {bad[0]!r} is not one of {', '.join(STRATEGIES)}")
+    @property
+    def best(self) -> float:
+        return float(self.target.max())
+
+
+def goals(table: Path, objective: str, budget_mib: float | None, noise_free: pd.DataFrame | None = None) -> Goals:
+    """The table's targets at a budget; a one-line error where the table cannot answer the question."""
+    from autoinfer.engines.replay import read_table
+
     if objective not in ("tg", "pp", "balanced"):
         raise UserError(f"--objective {objective!r} is not one of tg, pp, balanced")
     df = read_table(table)
@@ -122,40 +124,70 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
                         f"use --objective {'pp' if 'pp' in df else 'tg'}")
     target = truth(df, objective, budget_mib)
     if target.notna().sum() == 0:
-        raise UserError(f"no row of {table} is feasible within {budget_mib} MiB; raise --budget-mib")
-    best = float(target.max())
-    reference = truth(df, objective, budget_mib, noise_free) if noise_free is not None else None
-    if reference is not None and len(noise_free) != len(df):
+        raise UserError(f"no row of {table} is feasible within {budget_mib} MiB; raise the memory budget")
+    if noise_free is not None and len(noise_free) != len(df):
         raise UserError(f"noise-free values for {table} have {len(noise_free)} rows, the table {len(df)}")
+    reference = truth(df, objective, budget_mib, noise_free) if noise_free is not None else None
+    return Goals(df, target, reference)
+
+
+def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, trials: int, objective: str,
+             scored: Goals) -> tuple[int | None, int, int | None]:
+    """One simulated campaign: (measured trials to the row target, records made without a measurement, measured
+    trials to the noise-free target). Seeds are independent, so callers may run them in parallel."""
+    from autoinfer.campaign.spec import parse_campaign
+    from autoinfer.engines.replay import parameter_columns
+    from autoinfer.store.trials import MEMORY_STORAGE
+    from autoinfer.sweep.runner import sweep
+
+    if strategy not in STRATEGIES:
+        raise UserError(f"--sampler {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    df = scored.df
     memory_key = "vram_mib" if "vram_mib" in df else "ram_mib"
-    constraints = {} if budget_mib is None else {memory_key if memory_key == "vram_mib" else "ram_mib": budget_mib}
-    results = []
+    campaign = parse_campaign({
+        "name": f"replay-{strategy}-{seed}", "engine": "replay",
+        "engine_options": {"table": str(Path(table).resolve()), "seed": seed},
+        "model": str(table), "space": _space(df, parameter_columns(df)),
+        "objective": "tg" if objective == "tg" else "pp" if objective == "pp" else {"tg": 1, "pp": 1},
+        "budget": {"trials": trials}, "constraints": {} if budget_mib is None else {memory_key: budget_mib},
+        "sampler": {"name": "random" if strategy == "random" else "tpe", "seed": seed},
+        "search": {"informed": strategy in KNOWING, "skip_predicted": strategy in KNOWING,
+                   "strategy": strategy if strategy in KNOWING else "boundary",
+                   "fit_params": False, "prune_below": 0.5 if strategy in KNOWING else None},
+        **OFFLINE,
+    }, str(table))
     with _scratch_results():
-        for strategy in strategies:
-            needed, skipped, needed_free = [], [], []
-            started = time.monotonic()
-            for seed in range(seeds):
-                campaign = parse_campaign({
-                    "name": f"replay-{strategy}-{seed}", "engine": "replay",
-                    "engine_options": {"table": str(Path(table).resolve()), "seed": seed},
-                    "model": str(table), "space": _space(df, parameter_columns(df)),
-                    "objective": "tg" if objective == "tg" else "pp" if objective == "pp" else {"tg": 1, "pp": 1},
-                    "budget": {"trials": trials}, "constraints": constraints,
-                    "sampler": {"name": "random" if strategy == "random" else "tpe", "seed": seed},
-                    "search": {"informed": strategy in KNOWING, "skip_predicted": strategy in KNOWING,
-                               "strategy": strategy if strategy in KNOWING else "boundary",
-                               "fit_params": False, "prune_below": 0.5 if strategy in KNOWING else None},
-                    **OFFLINE,
-                }, str(table))
-                result = sweep(campaign, storage=MEMORY_STORAGE, progress=False)
-                n, skip = _trials_to_target(result.study, target, TARGET * best)
-                needed.append(n)
-                skipped.append(skip)
-                if reference is not None:
-                    needed_free.append(_trials_to_target(result.study, reference, TARGET * reference.max())[0])
-            results.append(StrategyResult(strategy, tuple(needed), tuple(skipped), time.monotonic() - started,
-                                          trials, tuple(needed_free) if reference is not None else None))
-    return results, best
+        study = sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
+    needed, skipped = _trials_to_target(study, scored.target, TARGET * scored.best)
+    free = None if scored.reference is None else \
+        _trials_to_target(study, scored.reference, TARGET * scored.reference.max())[0]
+    return needed, skipped, free
+
+
+def strategy_result(strategy: str, runs: list[tuple[int | None, int, int | None]], wall_s: float, trials: int,
+                    noise_free: bool) -> StrategyResult:
+    """The seeds' runs (run_seed's answers, in seed order) of one strategy as one result."""
+    return StrategyResult(strategy, tuple(r[0] for r in runs), tuple(r[1] for r in runs), wall_s, trials,
+                          tuple(r[2] for r in runs) if noise_free else None)
+
+
+def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
+            objective: str = "tg", noise_free: pd.DataFrame | None = None) -> tuple[list[StrategyResult], float]:
+    """Run every strategy over `seeds` seeds; returns the results and the best feasible row's value. With
+    `noise_free` (tg/pp of every row before noise, as a synthetic table's generator knows them) each run is also
+    scored against 98% of the best feasible noise-free value, which no lucky row can lift."""
+    import time
+
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise UserError(f"--sampler {bad[0]!r} is not one of {', '.join(STRATEGIES)}")
+    scored = goals(table, objective, budget_mib, noise_free)
+    results = []
+    for strategy in strategies:
+        started = time.monotonic()
+        runs = [run_seed(table, strategy, seed, budget_mib, trials, objective, scored) for seed in range(seeds)]
+        results.append(strategy_result(strategy, runs, time.monotonic() - started, trials, noise_free is not None))
+    return results, scored.best
 
 
 def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
