@@ -17,7 +17,9 @@ looked at while the search was developed; 100-123, whose worst tables were trace
 knob values; 124-147, of which 124, 126, 128 and 138 were traced for the knob effects' residual; 148-183 judged
 later changes and were traced where worst; 184-207 judged the search once, were then traced where worst and
 judged two changes that were not kept; 208-231 judged the search once more, as it stands; then 227 was traced,
-184-231 judged a third change and 184-207 a fourth, neither kept (benchmarks/results/search-efficiency.md).
+184-231 judged a third change and 184-207 a fourth, neither kept; then 185, 193, 199, 200, 206, 207, 227 and 229
+were traced and judged three more, and 184-231 the likeliest of them, none kept
+(benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
@@ -143,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def strategies(args: argparse.Namespace) -> list[str]:
+    """The strategies to run, in the order they are reported."""
     return args.strategy or list(DEFAULT_STRATEGIES)
 
 
 def trials_of(strategy: str, args: argparse.Namespace) -> int:
+    """A strategy's trial budget: random search's own where --random-trials gives one."""
     return args.random_trials if strategy == "random" and args.random_trials else args.trials
 
 
