@@ -126,8 +126,9 @@ class ReplayEngine(Engine):
         self.df = read_table(self.table_path)
         self.params = parameter_columns(self.df)
         self.knobs = {name: LLAMA_KNOBS.get(name, ANY) for name in self.params}
-        #: GPUs the table was measured on (its per-GPU peak columns); the memory model predicts each of them.
-        self.n_gpus = sum(1 for c in self.df.columns if PER_GPU_COLUMN.fullmatch(c)) or None
+        #: GPUs the table was measured on (its per-GPU peak columns, else one), never this host's: a one-GPU table
+        #: replayed on a host of four was predicted per GPU at a quarter of its peaks. The memory model predicts each.
+        self.n_gpus = sum(1 for c in self.df.columns if PER_GPU_COLUMN.fullmatch(c)) or 1
         self.match = match
         self.rng = np.random.default_rng(seed)
         numeric = {c: pd.api.types.is_numeric_dtype(self.df[c]) for c in self.params}

@@ -58,10 +58,7 @@ class SearchContext:
         c = campaign.constraints
         ctx.side, ctx.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
             else (None, None)
-        # GPUs the trials' peaks come from: this machine's only where the engine runs on it (a replay table of one
-        # GPU replayed on a host of four would otherwise predict each of four GPUs' share against the budget)
-        here = capabilities(campaign.engine).host_measurement
-        ctx.n_gpus = engine.n_gpus or (max(len(measured_gpus()), 1) if here else 1)
+        ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
         if not capabilities(campaign.engine).llama_settings:  # the memory and performance models are llama.cpp's
             if ctx.side is not None:
                 ctx.notes.append(f"engine {campaign.engine!r} places its memory itself, not by llama.cpp's rules: no "
