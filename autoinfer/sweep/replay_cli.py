@@ -98,6 +98,12 @@ def _scratch_results() -> Iterator[None]:
                 os.environ["AUTOINFER_RESULTS"] = old
 
 
+def check_strategies(strategies: list[str]) -> None:
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise UserError(f"--sampler {bad[0]!r} is not one of {', '.join(STRATEGIES)}")
+
+
 @dataclass(frozen=True)
 class Goals:
     """What a simulated run on one table and budget is scored against, from one read of the table."""
@@ -140,8 +146,7 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     from autoinfer.store.trials import MEMORY_STORAGE
     from autoinfer.sweep.runner import sweep
 
-    if strategy not in STRATEGIES:
-        raise UserError(f"--sampler {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    check_strategies([strategy])
     df = scored.df
     memory_key = "vram_mib" if "vram_mib" in df else "ram_mib"
     campaign = parse_campaign({
@@ -178,9 +183,7 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     scored against 98% of the best feasible noise-free value, which no lucky row can lift."""
     import time
 
-    bad = [s for s in strategies if s not in STRATEGIES]
-    if bad:
-        raise UserError(f"--sampler {bad[0]!r} is not one of {', '.join(STRATEGIES)}")
+    check_strategies(strategies)  # all of them before the first run
     scored = goals(table, objective, budget_mib, noise_free)
     results = []
     for strategy in strategies:
