@@ -7,9 +7,13 @@ another (knobs can help alone and hurt together), a Bayesian ridge regression of
 on one-hot values and value pairs:
 
     log y_i − log perf_i = c + Σ_k β[k, v_k] + Σ_{k<l} γ[k, v_k, l, v_l] + ε_i,
-    β ~ N(0, τ_k²),  γ ~ N(0, INTERACTION_SD²),  ε_i ~ N(0, σ_i² + RESIDUAL_SD²)
+    β ~ N(0, τ_k² R_k),  γ ~ N(0, INTERACTION_SD²),  ε_i ~ N(0, σ_i² + RESIDUAL_SD²)
 
-τ_k is PRIOR_SD, or more where knob k's measured values differ by more.
+τ_k is PRIOR_SD, or more where knob k's measured values differ by more. R_k is the identity for an unordered knob;
+for an ordered one (threads, ubatch, …) values n ranks apart correlate by NEIGHBOUR_CORRELATION^n: speed moves with
+such a knob by steps, so a value next to one measured fast is expected to be fast too, not typical. With independent
+values, a trend (16 threads slower than 12, 8 faster) said nothing about 4: it kept a typical value's prediction,
+below the incumbent's, and was not measured (synthetic-252 at 12 GiB, benchmarks/results/search-efficiency.md).
 
 σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains,
 mostly how far one process lands from another of the same configuration (measured, below).
@@ -36,6 +40,7 @@ INTERACTION_SD = 0.02  # what two knobs' values do together beyond the sum of th
 # configurations, benchmarks/results/vs-fit-h100.json), where the repetitions inside each run agreed within ~1%.
 RESIDUAL_SD = 0.07
 INTERCEPT_SD = 1.0  # the performance model's own error at the boundary: unknown, a broad prior
+NEIGHBOUR_CORRELATION = 0.5  # prior correlation of adjacent values of an ordered knob: a step carries half a trend
 MAX_COLUMNS = 1000  # values and value pairs; beyond this the model keeps single values only
 
 
@@ -51,8 +56,15 @@ class KnobEffects:
         self.index = {column: i + 1 for i, column in enumerate(singles + pairs)}  # 0: the intercept
         self.knob_columns = {knob: [self.index[((knob, _key(v)),)] for v in vs] for knob, vs in values.items()}
         self.prior_sd = np.array([INTERCEPT_SD] + [PRIOR_SD] * len(singles) + [INTERACTION_SD] * len(pairs))
+        corr = np.eye(len(self.prior_sd))
+        for knob, vs in values.items():
+            if _ordered(vs):
+                ranked = [self.index[((knob, _key(v)),)] for v in sorted(vs)]
+                for a, b in itertools.product(range(len(ranked)), repeat=2):
+                    corr[ranked[a], ranked[b]] = NEIGHBOUR_CORRELATION ** abs(a - b)
+        self.prior_corr_inv = np.linalg.inv(corr)
         self.mean = np.zeros(len(self.prior_sd))
-        self.cov = np.diag(self.prior_sd ** 2)
+        self.cov = corr * np.outer(self.prior_sd, self.prior_sd)
         self.n = 0
 
     def row(self, knobs: dict[str, Any]) -> np.ndarray:
@@ -87,13 +99,19 @@ class KnobEffects:
         return self
 
     def _condition(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        self.cov = np.linalg.inv(np.diag(self.prior_sd ** -2) + (x * w[:, None]).T @ x)
+        precision = self.prior_corr_inv / np.outer(self.prior_sd, self.prior_sd)
+        self.cov = np.linalg.inv(precision + (x * w[:, None]).T @ x)
         self.mean = self.cov @ ((x * w[:, None]).T @ y)
 
     def diff(self, a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
         """(mean, standard deviation) of log(effect of a / effect of b)."""
         d = self.row(a) - self.row(b)
         return float(d @ self.mean), math.sqrt(max(float(d @ self.cov @ d), 0.0))
+
+
+def _ordered(values: Sequence[Any]) -> bool:
+    """Numbers (not flags) with more than two values: their order says which values are alike."""
+    return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def _key(value: Any) -> str:

@@ -44,3 +44,19 @@ def test_two_values_that_hurt_alone_and_help_together_are_learned_as_a_pair():
     assert math.log(0.9) < one < -sd
     _, unknown = effects.diff({"type_k": "q4_0", "flash_attn": "on"}, base)
     assert unknown > PRIOR_SD and unknown > 2 * sd
+
+
+def test_a_trend_along_an_ordered_knob_carries_to_the_next_value_never_measured():
+    """16 threads 10% slower than 12, 8 threads 10% faster: 4 threads, never measured, is predicted closer to 8 than a
+    value of an unordered knob with the same measurements would be, so its chance to beat 8 is larger."""
+    speeds = {16: math.log(0.9), 12: 0.0, 8: math.log(1.1)}
+
+    def chance_of_four(values):
+        obs = [({"threads": values[t]}, y, 0.0001) for t, y in speeds.items()] * 4
+        mean, sd = KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
+                                                                                 {"threads": values[8]})
+        return 0.5 * math.erfc(-mean / (sd * math.sqrt(2)))
+
+    ordered = chance_of_four({t: t for t in (4, 8, 12, 16)})
+    unordered = chance_of_four({t: f"t{t}" for t in (4, 8, 12, 16)})
+    assert ordered > unordered + 0.05
