@@ -51,7 +51,7 @@ from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import cpu_expert_layers, cpu_layers
 from autoinfer.search.context import SearchContext, typical
-from autoinfer.search.effects import KnobEffects
+from autoinfer.search.effects import KnobEffects, numeric
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.search.strategy import SAMPLED, learn
 from autoinfer.store import trials as store
@@ -318,8 +318,7 @@ class Boundary:
         values = self.values[knob]
         if current not in values:
             return list(values)
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        if not numeric:
+        if not numeric(values):
             return [v for v in values if v != current]
         ordered = sorted(values)
         i = ordered.index(current)

@@ -10,10 +10,11 @@ on one-hot values and value pairs:
     β ~ N(0, τ_k² R_k),  γ ~ N(0, INTERACTION_SD²),  ε_i ~ N(0, σ_i² + RESIDUAL_SD²)
 
 τ_k is PRIOR_SD, or more where knob k's measured values differ by more. R_k is the identity for an unordered knob;
-for an ordered one (threads, ubatch, …) values n ranks apart correlate by NEIGHBOUR_CORRELATION^n: speed moves with
-such a knob by steps, so a value next to one measured fast is expected to be fast too, not typical. With independent
-values, a trend (16 threads slower than 12, 8 faster) said nothing about 4: it kept a typical value's prediction,
-below the incumbent's, and was not measured (synthetic-252 at 12 GiB, benchmarks/results/search-efficiency.md).
+for a numeric one with more than two values (threads, ubatch, …) values n ranks apart correlate by
+NEIGHBOUR_CORRELATION^n: speed moves with such a knob by steps, so a value next to one measured fast is expected to
+be fast too, not typical (two values have no trend to carry). With independent values, a trend (16 threads slower
+than 12, 8 faster) said nothing about 4: it kept a typical value's prediction, below the incumbent's, and was not
+measured (synthetic-252 at 12 GiB, benchmarks/results/search-efficiency.md).
 
 σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains,
 mostly how far one process lands from another of the same configuration (measured, below).
@@ -58,7 +59,7 @@ class KnobEffects:
         self.prior_sd = np.array([INTERCEPT_SD] + [PRIOR_SD] * len(singles) + [INTERACTION_SD] * len(pairs))
         corr = np.eye(len(self.prior_sd))
         for knob, vs in values.items():
-            if _ordered(vs):
+            if len(vs) > 2 and numeric(vs):
                 ranked = [self.index[((knob, _key(v)),)] for v in sorted(vs)]
                 for a, b in itertools.product(range(len(ranked)), repeat=2):
                     corr[ranked[a], ranked[b]] = NEIGHBOUR_CORRELATION ** abs(a - b)
@@ -109,9 +110,9 @@ class KnobEffects:
         return float(d @ self.mean), math.sqrt(max(float(d @ self.cov @ d), 0.0))
 
 
-def _ordered(values: Sequence[Any]) -> bool:
-    """Numbers (not flags) with more than two values: their order says which values are alike."""
-    return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+def numeric(values: Sequence[Any]) -> bool:
+    """Numbers, not flags: values with an order."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def _key(value: Any) -> str:
