@@ -58,12 +58,14 @@ class KnobEffects:
         self.knob_columns = {knob: [self.index[((knob, _key(v)),)] for v in vs] for knob, vs in values.items()}
         self.prior_sd = np.array([INTERCEPT_SD] + [PRIOR_SD] * len(singles) + [INTERACTION_SD] * len(pairs))
         corr = np.eye(len(self.prior_sd))
+        self.prior_corr_inv = np.eye(len(self.prior_sd))  # block by block: the rest of the matrix is the identity
         for knob, vs in values.items():
             if len(vs) > 2 and numeric(vs):
-                ranked = [self.index[((knob, _key(v)),)] for v in sorted(vs)]
-                for a, b in itertools.product(range(len(ranked)), repeat=2):
-                    corr[ranked[a], ranked[b]] = NEIGHBOUR_CORRELATION ** abs(a - b)
-        self.prior_corr_inv = np.linalg.inv(corr)
+                ranked = np.array([self.index[((knob, _key(v)),)] for v in sorted(vs)])
+                ranks = np.arange(len(ranked))
+                block = NEIGHBOUR_CORRELATION ** np.abs(ranks[:, None] - ranks[None, :])
+                corr[np.ix_(ranked, ranked)] = block
+                self.prior_corr_inv[np.ix_(ranked, ranked)] = np.linalg.inv(block)
         self.mean = np.zeros(len(self.prior_sd))
         self.cov = corr * np.outer(self.prior_sd, self.prior_sd)
         self.n = 0
