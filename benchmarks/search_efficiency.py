@@ -20,7 +20,8 @@ judged two changes that were not kept; 208-231 judged the search once more, as i
 184-231 judged a third change and 184-207 a fourth, neither kept; then 185, 193, 199, 200, 206, 207, 227 and 229
 were traced and judged three more, and 184-231 the likeliest of them, none kept; 232-255 judged the search once
 more, then 238 and 252 were traced and 184-255 judged the ordered knobs' correlated values, which 256-279 judged
-unseen (kept; 274 traced after) (benchmarks/results/search-efficiency.md).
+unseen (kept; 274 and 276 traced after, and 184-255 judged Thompson sampling, not kept)
+(benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
