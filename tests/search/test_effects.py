@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from autoinfer.search.boundary import _chance
 from autoinfer.search.effects import PRIOR_SD, KnobEffects
 
 VALUES = {"type_k": ["f16", "q8_0", "q4_0"], "flash_attn": ["off", "on"]}
@@ -53,9 +54,8 @@ def test_a_trend_along_an_ordered_knob_carries_to_the_next_value_never_measured(
 
     def chance_of_four(values):
         obs = [({"threads": values[t]}, y, 0.0001) for t, y in speeds.items()] * 4
-        mean, sd = KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
-                                                                                 {"threads": values[8]})
-        return 0.5 * math.erfc(-mean / (sd * math.sqrt(2)))
+        return _chance(*KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
+                                                                                    {"threads": values[8]}))
 
     ordered = chance_of_four({t: t for t in (4, 8, 12, 16)})
     unordered = chance_of_four({t: f"t{t}" for t in (4, 8, 12, 16)})
