@@ -2,7 +2,10 @@
 
 Each strategy runs the real campaign loop (engine "replay", an in-memory study) once per seed; a run has found the
 answer at the first measured trial whose configuration is, by the table, feasible and within 98% of the best
-feasible row. Predicted-infeasible records are not measurements and are not counted.
+feasible row. Predicted-infeasible records are not measurements and are not counted. A run is also scored by its
+answer after the first ANSWER_AT measured trials: what the configuration it measured fastest by then is worth, as a
+share of the best feasible row. Where a search takes longer than that to reach 98%, this says what stopping there
+costs (a flat table's near-ties cost little; a missed region much).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import pandas as pd
 import typer
@@ -25,6 +28,7 @@ from autoinfer.errors import UserError
 STRATEGIES = ("random", "tpe", "informed", "boundary")
 KNOWING = ("informed", "boundary")  # strategies that use the memory and performance models
 TARGET = 0.98
+ANSWER_AT = 12  # measured trials after which the answer is scored: the trial target the searches are held to
 # A table needs no machine hygiene: no idle wait, no drift anchor, no confirmation runs, no re-run of noisy rows.
 OFFLINE = {"idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
            "measure": {"rerun_noisy": False}}
@@ -39,6 +43,8 @@ class StrategyResult:
     budget: int  # measured-trial budget of each run
     #: per seed, trials until a row within 98% of the best noise-free value (tables whose generator knows it)
     trials_needed_noise_free: tuple[int | None, ...] | None = None
+    #: per seed, what the answer after ANSWER_AT measured trials is worth: see SeedRun.answer
+    answer: tuple[float | None, ...] = ()
 
     @property
     def median(self) -> float:
@@ -48,6 +54,23 @@ class StrategyResult:
     @property
     def median_noise_free(self) -> float | None:
         return None if self.trials_needed_noise_free is None else _median(self.trials_needed_noise_free, self.budget)
+
+    @property
+    def answer_median(self) -> float | None:
+        """Median over seeds of the answer's worth (a seed with no feasible trial by then counts as 0)."""
+        return statistics.median(a or 0.0 for a in self.answer) if self.answer else None
+
+
+class SeedRun(NamedTuple):
+    """One simulated campaign, scored."""
+
+    needed: int | None  # measured trials to the first row within 98% of the best feasible row
+    skipped: int  # records made without a measurement (predicted infeasible, answered repeats)
+    needed_noise_free: int | None  # the same against the noise-free values (None without them)
+    #: the recommendation after the first ANSWER_AT measured trials (as `autoinfer status` would give it, not
+    #: confirmed), by its row's noise-free value (else its row's value) over the best feasible one; None where no
+    #: feasible trial had succeeded by then. What a user who stopped there would run, not what a search found.
+    answer: float | None
 
 
 def _median(needed: tuple[int | None, ...], budget: int) -> float:
@@ -138,9 +161,8 @@ def goals(table: Path, objective: str, budget_mib: float | None, noise_free: pd.
 
 
 def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, trials: int, objective: str,
-             scored: Goals) -> tuple[int | None, int, int | None]:
-    """One simulated campaign: (measured trials to the row target, records made without a measurement, measured
-    trials to the noise-free target). Seeds are independent, so callers may run them in parallel."""
+             scored: Goals) -> SeedRun:
+    """One simulated campaign, scored. Seeds are independent, so callers may run them in parallel."""
     from autoinfer.campaign.spec import parse_campaign
     from autoinfer.engines.replay import parameter_columns
     from autoinfer.store.trials import MEMORY_STORAGE
@@ -166,14 +188,16 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     needed, skipped = _trials_to_target(study, scored.target, TARGET * scored.best)
     free = None if scored.reference is None else \
         _trials_to_target(study, scored.reference, TARGET * scored.reference.max())[0]
-    return needed, skipped, free
+    worth = scored.reference if scored.reference is not None else scored.target
+    return SeedRun(needed, skipped, free, _answer(study, worth, campaign.objective_weights(), ANSWER_AT))
 
 
-def strategy_result(strategy: str, runs: list[tuple[int | None, int, int | None]], wall_s: float, trials: int,
+def strategy_result(strategy: str, runs: list[SeedRun], wall_s: float, trials: int,
                     noise_free: bool) -> StrategyResult:
     """The seeds' runs (run_seed's answers, in seed order) of one strategy as one result."""
-    return StrategyResult(strategy, tuple(r[0] for r in runs), tuple(r[1] for r in runs), wall_s, trials,
-                          tuple(r[2] for r in runs) if noise_free else None)
+    return StrategyResult(strategy, tuple(r.needed for r in runs), tuple(r.skipped for r in runs), wall_s, trials,
+                          tuple(r.needed_noise_free for r in runs) if noise_free else None,
+                          tuple(r.answer for r in runs))
 
 
 def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
@@ -191,6 +215,21 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
         runs = [run_seed(table, strategy, seed, budget_mib, trials, objective, scored) for seed in range(seeds)]
         results.append(strategy_result(strategy, runs, time.monotonic() - started, trials, noise_free is not None))
     return results, scored.best
+
+
+def _answer(study, worth: pd.Series, weights: dict[str, float], after: int) -> float | None:
+    """The worth of the study's recommendation from its first `after` measured trials, over the best feasible
+    worth (SeedRun.answer)."""
+    from autoinfer.store.trials import Store
+    from autoinfer.sweep.recommend import decide, runs_of
+
+    measured = [t for t in sorted(Store(study).records(), key=lambda t: t.number) if not t.unmeasured][:after]
+    rec = decide(runs_of(measured, weights, set()), None, {},
+                 {t.number: t.config for t in measured if t.config is not None})
+    if rec is None:
+        return None
+    row = Store(study).record(rec.trial).metrics.get("replay_row")
+    return None if row is None else float(worth.iloc[row] / worth.max())
 
 
 def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
@@ -226,7 +265,8 @@ def replay(
     trials: int = typer.Option(60, "--trials", min=1, help="Measured-trial budget of each run."),
     objective: str = typer.Option("tg", "--objective", help="tg | pp | balanced"),
 ) -> None:
-    """Median number of trials each search strategy needs to reach 98% of the table's best feasible row."""
+    """Median number of trials each search strategy needs to reach 98% of the table's best feasible row, and what
+    its answer after 12 trials is worth."""
     results, best = compare(table, [s.strip() for s in sampler.split(",") if s.strip()], seeds, budget_mib, trials,
                             objective)
     print_results(Console(), results, best, objective)
@@ -245,6 +285,17 @@ def print_results(console: Console, results: list[StrategyResult], best: float, 
                     *([_shown(r.median_noise_free, r.budget)] if free else []),
                     f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
     console.print(out)
+    console.print(f"answer after {ANSWER_AT} trials (the fastest configuration measured by then, unconfirmed, as a "
+                  f"share of the best feasible row's {'noise-free ' if free else ''}{objective}; median over seeds "
+                  "and the worst seed): " + ", ".join(f"{r.strategy} {answer_shown(r.answer)}" for r in results))
+
+
+def answer_shown(answers: tuple[float | None, ...]) -> str:
+    """Median and worst seed of SeedRun.answer, in percent (a seed with no feasible trial counts as 0)."""
+    if not answers:
+        return "—"
+    worth = [a or 0.0 for a in answers]
+    return f"{statistics.median(worth):.1%} ({min(worth):.1%})"
 
 
 def _shown(median: float | None, trials: int) -> str:

@@ -125,3 +125,24 @@ def test_runs_are_also_scored_against_noise_free_values(tmp_path):
     assert both and all(a != b for a, b in both)
     with pytest.raises(UserError, match="noise-free values"):
         compare(table, ["random"], seeds=1, budget_mib=None, trials=3, noise_free=free.iloc[:2])
+
+
+def test_the_answer_after_the_first_trials_is_what_its_fastest_measurement_is_worth(tmp_path, monkeypatch):
+    """A run's answer is the configuration it measured fastest, judged by what that configuration is worth: on the
+    lucky table, once every row was measured, the lucky row (70 of the best 95 without noise), though a faster row
+    was measured too; by the rows alone it is the best. Scored after one trial, it is the first row measured."""
+    from autoinfer.sweep import replay_cli
+
+    table = tmp_path / "lucky.csv"
+    rows = [{"threads": t, "tg": tg, "pp": 100.0, "tg_samples": f"{tg} {tg}", "pp_samples": "100 100"}
+            for t, tg in ((1, 100.0), (2, 90.0), (4, 80.0))]
+    pd.DataFrame(rows).to_csv(table, index=False)
+    free = pd.DataFrame({"tg": [70.0, 95.0, 60.0], "pp": [100.0] * 3})
+    (result,), _ = replay_cli.compare(table, ["random"], seeds=3, budget_mib=None, trials=3, noise_free=free)
+    assert result.answer == pytest.approx((70 / 95,) * 3)
+    (by_rows,), _ = replay_cli.compare(table, ["random"], seeds=3, budget_mib=None, trials=3)
+    assert by_rows.answer == (1.0,) * 3
+    monkeypatch.setattr(replay_cli, "ANSWER_AT", 1)
+    (first,), _ = replay_cli.compare(table, ["random"], seeds=6, budget_mib=None, trials=3, noise_free=free)
+    assert set(first.answer) <= {70 / 95, 1.0, 60 / 95} and len(set(first.answer)) > 1
+    assert all((a == 1.0) == (n == 1) for a, n in zip(first.answer, first.trials_needed_noise_free))

@@ -29,6 +29,7 @@ def test_the_benchmarks_seed_by_seed_runs_answer_what_compare_does(tmp_path, mon
         (expected,), best = compare(table, [strategy], 2, budget, trials, "tg", free)
         assert row[strategy]["trials_needed"] == list(expected.trials_needed), strategy
         assert row[strategy]["trials_needed_noise_free"] == list(expected.trials_needed_noise_free), strategy
+        assert row[strategy]["answer"] == list(expected.answer) and len(expected.answer) == 2, strategy
         assert row["best"] == best
 
 
