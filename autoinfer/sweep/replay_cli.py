@@ -285,7 +285,8 @@ def print_results(console: Console, results: list[StrategyResult], best: float, 
                     *([_shown(r.median_noise_free, r.budget)] if free else []),
                     f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
     console.print(out)
-    console.print(f"answer after {ANSWER_AT} trials (the fastest configuration measured by then, unconfirmed, as a "
+    console.print(f"answer after {ANSWER_AT} trials, or all of a shorter run (the fastest configuration measured by "
+                  "then, unconfirmed, as a "
                   f"share of the best feasible row's {'noise-free ' if free else ''}{objective}; median over seeds "
                   "and the worst seed): " + ", ".join(f"{r.strategy} {answer_shown(r.answer)}" for r in results))
 
