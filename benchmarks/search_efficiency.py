@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import statistics
 import sys
@@ -269,7 +268,7 @@ def print_tables(console: Console, summary: list[dict]) -> None:
                     *(shown(row[s]["median"], row[s]["trials"]) for s in ran),
                     shown(row["boundary"]["median_noise_free"], row["boundary"]["trials"])
                     if "boundary" in row else "—",
-                    ratio_shown(row), *(answer_shown(tuple(row[s].get("answer", ()))) for s in ran))
+                    ratio_shown(row), *(answer_shown(tuple(row[s]["answer"])) for s in ran))
     console.print(out)
 
 
@@ -286,11 +285,9 @@ def ratio_shown(row: dict) -> str:
 def answers_shown(rows: list[dict]) -> str:
     """The boundary search's answer after ANSWER_AT trials over tables: the median of the per-table medians, the
     worst table's median and the worst seed of any table, in percent of the best feasible row."""
-    medians = [r["boundary"]["answer_median"] for r in rows if r["boundary"].get("answer_median") is not None]
-    if not medians:
-        return "—"
-    worst = min(rows, key=lambda r: r["boundary"].get("answer_median", math.inf))
-    seeds = [a or 0.0 for r in rows for a in r["boundary"].get("answer", [])]
+    medians = [r["boundary"]["answer_median"] for r in rows]
+    worst = min(rows, key=lambda r: r["boundary"]["answer_median"])
+    seeds = [a or 0.0 for r in rows for a in r["boundary"]["answer"]]
     return (f"{statistics.median(medians):.1%} ({worst['boundary']['answer_median']:.1%} {worst['table']}; "
             f"worst seed {min(seeds):.1%})")
 
