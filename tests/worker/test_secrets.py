@@ -30,11 +30,15 @@ def test_redaction(text, shown):
 
 
 def _watch_argv(parent: subprocess.Popen, seen: list[str], stop: threading.Event) -> None:
-    """Every command line of the parent's descendants, as `ps` shows it to any user."""
+    """Every command line of the parent's descendants, as `ps` shows it to any user. A child caught between fork
+    and exec still shows the parent's own command line (which the test typed); that one is not the child's."""
+    own = " ".join(parent.args)
     while not stop.is_set():
         try:
             for child in psutil.Process(parent.pid).children(recursive=True):
-                seen.append(" ".join(child.cmdline()))
+                argv = " ".join(child.cmdline())
+                if argv != own:
+                    seen.append(argv)
         except psutil.Error:
             pass
         time.sleep(0.01)
