@@ -66,6 +66,7 @@ from autoinfer.sweep.replay_cli import (
     SeedRun,
     StrategyResult,
     answer_shown,
+    answer_worth,
     goals,
     print_results,
     run_seed,
@@ -287,7 +288,7 @@ def answers_shown(rows: list[dict]) -> str:
     worst table's median and the worst seed of any table, in percent of the best feasible row."""
     medians = [r["boundary"]["answer_median"] for r in rows]
     worst = min(rows, key=lambda r: r["boundary"]["answer_median"])
-    seeds = [a or 0.0 for r in rows for a in r["boundary"]["answer"]]
+    seeds = answer_worth(a for r in rows for a in r["boundary"]["answer"])
     return (f"{statistics.median(medians):.1%} ({worst['boundary']['answer_median']:.1%} {worst['table']}; "
             f"worst seed {min(seeds):.1%})")
 

@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterable, Iterator, NamedTuple, Optional
 
 import pandas as pd
 import typer
@@ -57,8 +57,8 @@ class StrategyResult:
 
     @property
     def answer_median(self) -> float | None:
-        """Median over seeds of the answer's worth (a seed with no feasible trial by then counts as 0)."""
-        return statistics.median(a or 0.0 for a in self.answer) if self.answer else None
+        """Median over seeds of the answer's worth (answer_worth)."""
+        return statistics.median(answer_worth(self.answer)) if self.answer else None
 
 
 class SeedRun(NamedTuple):
@@ -165,7 +165,7 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     """One simulated campaign, scored. Seeds are independent, so callers may run them in parallel."""
     from autoinfer.campaign.spec import parse_campaign
     from autoinfer.engines.replay import parameter_columns
-    from autoinfer.store.trials import MEMORY_STORAGE
+    from autoinfer.store.trials import MEMORY_STORAGE, Store
     from autoinfer.sweep.runner import sweep
 
     check_strategies([strategy])
@@ -185,11 +185,12 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     }, str(table))
     with _scratch_results():
         study = sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
-    needed, skipped = _trials_to_target(study, scored.target, TARGET * scored.best)
+    records = sorted(Store(study).records(), key=lambda t: t.number)
+    needed, skipped = _trials_to_target(records, scored.target, TARGET * scored.best)
     free = None if scored.reference is None else \
-        _trials_to_target(study, scored.reference, TARGET * scored.reference.max())[0]
+        _trials_to_target(records, scored.reference, TARGET * scored.reference.max())[0]
     worth = scored.reference if scored.reference is not None else scored.target
-    return SeedRun(needed, skipped, free, _answer(study, worth, campaign.objective_weights(), ANSWER_AT))
+    return SeedRun(needed, skipped, free, _answer(records, worth, campaign.objective_weights(), ANSWER_AT))
 
 
 def strategy_result(strategy: str, runs: list[SeedRun], wall_s: float, trials: int,
@@ -217,30 +218,28 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     return results, scored.best
 
 
-def _answer(study, worth: pd.Series, weights: dict[str, float], after: int) -> float | None:
-    """The worth of the study's recommendation from its first `after` measured trials, over the best feasible
-    worth (SeedRun.answer)."""
-    from autoinfer.store.trials import Store
+def _answer(records: list, worth: pd.Series, weights: dict[str, float], after: int) -> float | None:
+    """The worth of the recommendation from a simulated study's first `after` measured trials (its records in trial
+    order), over the best feasible worth (SeedRun.answer)."""
     from autoinfer.sweep.recommend import decide, runs_of
 
-    measured = [t for t in sorted(Store(study).records(), key=lambda t: t.number) if not t.unmeasured][:after]
-    rec = decide(runs_of(measured, weights, set()), None, {},
-                 {t.number: t.config for t in measured if t.config is not None})
+    first = [t for t in records if not t.unmeasured][:after]
+    measured = {t.number: t for t in first}
+    rec = decide(runs_of(measured.values(), weights, set()), None, {},
+                 {n: t.config for n, t in measured.items() if t.config is not None})
     if rec is None:
         return None
-    row = Store(study).record(rec.trial).metrics.get("replay_row")
+    row = measured[rec.trial].metrics.get("replay_row")
     return None if row is None else float(worth.iloc[row] / worth.max())
 
 
-def _trials_to_target(study, target: pd.Series, goal: float) -> tuple[int | None, int]:
+def _trials_to_target(records: list, target: pd.Series, goal: float) -> tuple[int | None, int]:
     """(measured trials until one reached the goal, records made without a measurement: predicted infeasible,
-    answered repeats) for one simulated study."""
-    from autoinfer.store.trials import Store
-
+    answered repeats) for a simulated study's records in trial order."""
     measured = 0
     skipped = 0
     reached = None
-    for t in sorted(Store(study).records(), key=lambda t: t.number):
+    for t in records:
         if t.unmeasured:
             skipped += 1
             continue
@@ -286,16 +285,20 @@ def print_results(console: Console, results: list[StrategyResult], best: float, 
                     f"{statistics.median(r.skipped):g}", f"{r.wall_s:.1f}")
     console.print(out)
     console.print(f"answer after {ANSWER_AT} trials, or all of a shorter run (the fastest configuration measured by "
-                  "then, unconfirmed, as a "
-                  f"share of the best feasible row's {'noise-free ' if free else ''}{objective}; median over seeds "
-                  "and the worst seed): " + ", ".join(f"{r.strategy} {answer_shown(r.answer)}" for r in results))
+                  f"then, unconfirmed, as a share of the best feasible row's {'noise-free ' if free else ''}"
+                  f"{objective}; median over seeds and the worst seed): " + ", ".join(f"{r.strategy} {answer_shown(r.answer)}" for r in results))
+
+
+def answer_worth(answers: Iterable[float | None]) -> list[float]:
+    """SeedRun.answer per seed, a seed with no feasible trial by then counting as 0."""
+    return [a or 0.0 for a in answers]
 
 
 def answer_shown(answers: tuple[float | None, ...]) -> str:
-    """Median and worst seed of SeedRun.answer, in percent (a seed with no feasible trial counts as 0)."""
+    """Median and worst seed of SeedRun.answer, in percent (answer_worth)."""
     if not answers:
         return "—"
-    worth = [a or 0.0 for a in answers]
+    worth = answer_worth(answers)
     return f"{statistics.median(worth):.1%} ({min(worth):.1%})"
 
 
