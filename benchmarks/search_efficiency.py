@@ -7,13 +7,13 @@ row lifted by its noise cannot set that target). Targets: the boundary search ne
 on every table and budget, and at most 1/4 of random search's median. Each run is also scored by what its answer
 after 12 trials is worth (autoinfer/sweep/replay_cli.py, SeedRun.answer): what stopping there costs.
 
-    python benchmarks/search_efficiency.py            # every table under benchmarks/tables/ + synthetic seeds 328-351
+    python benchmarks/search_efficiency.py            # every table under benchmarks/tables/ + synthetic seeds 352-375
     python benchmarks/search_efficiency.py --table benchmarks/tables/h100-35b.csv --budget 8192 --no-synthetic
     python benchmarks/search_efficiency.py --no-measured --synthetic 0 --synthetic 1 --strategy boundary
     python benchmarks/search_efficiency.py --random-trials 100 --jobs 16    # all of it, on a 16-core machine
 
 Tables: benchmarks/tables/*.csv and synthetic tables with random structure (benchmarks/synthetic_tables.py),
-generated into a temporary folder. The default synthetic seeds (328-351) have not been looked at. Seeds 0-19 were
+generated into a temporary folder. The default synthetic seeds (352-375) have not been looked at. Seeds 0-19 were
 looked at while the search was developed; 100-123, whose worst tables were traced for the peaks carried over between
 knob values; 124-147, of which 124, 126, 128 and 138 were traced for the knob effects' residual; 148-183 judged
 later changes and were traced where worst; 184-207 judged the search once, were then traced where worst and
@@ -23,7 +23,8 @@ were traced and judged three more, and 184-231 the likeliest of them, none kept;
 more, then 238 and 252 were traced and 184-255 judged the ordered knobs' correlated values, which 256-279 judged
 unseen (kept; 274 and 276 traced after, and 184-255 judged Thompson sampling, not kept); 280-303 judged the
 search once more, unchanged, with the answer after 12 trials, and 271 was traced; 184-255 judged a knowledge-
-gradient search, which 304-327 judged unseen beside the search as it stands (not kept)
+gradient search, which 304-327 judged unseen beside the search as it stands (not kept); 280-303 were traced for
+trials spent on nothing new, and 328-351 judged unseen one measurement per command line (kept)
 (benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
@@ -77,7 +78,7 @@ TABLES = Path(__file__).resolve().parent / "tables"
 STRATEGIES = ("boundary", "informed", "random")
 DEFAULT_STRATEGIES = ("boundary", "random")
 GIB = (8192, 12288, 16384)
-REPORT_SEEDS = range(328, 352)  # synthetic tables never looked at while developing the search
+REPORT_SEEDS = range(352, 376)  # synthetic tables never looked at while developing the search
 TARGET_TRIALS = 12
 TARGET_RATIO = 0.25
 BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

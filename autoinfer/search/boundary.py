@@ -8,8 +8,9 @@
    the prediction decides, and measured peaks decide where they exist: a placement using no more memory
    than one measured to fit fits, one using no less than one measured over does not. The same placement
    measured with other knob values carries its peak over, corrected by the model's predicted difference (whose
-   error the measured pairs of one placement give): measured where that says it fits, not probed where it is
-   over by more than its spread. After two wrong predictions the next trial bisects the placements still unknown.
+   error the measured pairs of one placement give, before any pair the difference's own size): measured where
+   that says it fits, not probed where it is over by more than its spread. After two wrong predictions the next
+   trial bisects the placements still unknown.
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
    are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
    (a larger ubatch or KV cache needs room). Each move's chance to beat the incumbent comes from the performance
@@ -31,6 +32,8 @@
    where the space has at most GRID_MAX of them.
 7. When every combination at the boundary has been measured the campaign's sampler (TPE) takes over. A
    configuration already measured is answered from its measurement, not run again (sweep/repeats.py).
+What the search has tried is keyed by the command llama.cpp runs: a placement pattern is moot where no layer's
+experts, or every layer's, are in RAM, and such a twin is neither a move nor a new peak.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import cpu_expert_layers, cpu_layers
+from autoinfer.model.placement import cpu_expert_layers, cpu_layers, realize
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects, numeric
 from autoinfer.search.memory_screen import MemoryScreen
@@ -149,7 +152,7 @@ class Boundary:
         self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
         self.sampler = campaign.sampler.name
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
-        self._miss: float | None = None  # how far predicted peak differences missed, one proposal long
+        self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
@@ -183,8 +186,8 @@ class Boundary:
     def propose(self, study: optuna.Study) -> Choice | None:
         """The next configuration to measure and why; None when only the sampler is left."""
         seen = self._seen(study)
-        tried = [s.params for s in seen] + [t.params for t in study.get_trials(
-            deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
+        tried = {self._same(p): p for p in [s.params for s in seen] + [t.params for t in study.get_trials(
+            deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]}
         self._calibrate(seen)
         self._memo = {}
         self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
@@ -193,13 +196,13 @@ class Boundary:
         base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._typical()
         if self.share:
             at = self._boundary(base, seen)
-            if at is not None and {**at.params, **base} not in tried:
+            if at is not None and self._same({**at.params, **base}) not in tried:
                 return Choice({**at.params, **base}, at.reason)
         if incumbent is None:  # nothing measured yet to compare with: the moves from the start, in order
             for knob in self.knobs:
                 for value in self._moves(knob, base[knob]):
                     params, why = self._at_boundary({**base, knob: value}, seen)
-                    if params is not None and params not in tried:
+                    if params is not None and self._same(params) not in tried:
                         return Choice(params, f"local: {knob} {base[knob]} → {value} from the start{why}")
             return None
         effects = self._effects(seen)
@@ -225,14 +228,14 @@ class Boundary:
                                   f"± {sd:.2f}{why}")
         return None
 
-    def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: list[dict],
+    def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: dict[str, dict],
                effects: KnobEffects) -> Choice | None:
         """The single move from the incumbent most likely to beat it, among those that may (module docstring)."""
         moves = []
         for rank, knob in enumerate(self.knobs):
             for value in self._moves(knob, base[knob]):
                 params, why = self._at_boundary({**base, knob: value}, seen)
-                if params is None or params in tried:
+                if params is None or self._same(params) in tried:
                     continue
                 gain, sd = self._gain(params, incumbent, effects)
                 chance = _chance(gain, sd)
@@ -244,19 +247,19 @@ class Boundary:
         return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
                               f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){why}")
 
-    def _combinations(self, incumbent: Seen, seen: list[Seen], tried: list[dict],
+    def _combinations(self, incumbent: Seen, seen: list[Seen], tried: dict[str, dict],
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
         """Every combination of the knobs not measured yet, at its boundary, with the predicted log gain over the
         incumbent and its standard deviation; none where the space is too large to enumerate."""
         if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
             return []
-        measured = {tuple(p.get(k) for k in self.knobs) for p in tried}  # at the boundary or anywhere else
+        measured = {tuple(p.get(k) for k in self.knobs) for p in tried.values()}  # at the boundary or anywhere else
         out = []
         for combo in itertools.product(*(self.values[k] for k in self.knobs)):
             if combo in measured:
                 continue
             params, why = self._at_boundary(dict(zip(self.knobs, combo)), seen)
-            if params is not None and params not in tried:
+            if params is not None and self._same(params) not in tried:
                 out.append((params, *self._gain(params, incumbent, effects), why))
         return out
 
@@ -389,25 +392,32 @@ class Boundary:
         placement's own and cancels in the difference, so a placement measured over in one group is not probed
         again in every other group, and one the model puts just over the budget is measured where its measured
         neighbours say it fits. The spread adds to the coefficients' uncertainty how far the predicted
-        differences between measured pairs of one share missed (the model's form may not be llama.cpp's)."""
-        if self._miss is None:
-            return None
+        differences between measured pairs of one share missed (the model's form may not be llama.cpp's); before
+        any such pair, the difference's own size: its sign is trusted, not its size. Without that prior the first
+        trials of a new placement pattern probed the share just measured over with another (synthetic-297 at 12 GiB:
+        trial 4 repeated trial 1's 12593 MiB, benchmarks/results/search-efficiency.md). A trial llama.cpp runs
+        alike (other memory-neutral knobs, a moot placement pattern) carries its peak exactly."""
+        full = {**knobs, **candidate.params}
+        same = self._same(full)
         best = None
         for s in seen:
             if s.peak_mib is None or s.config is None or any(s.params.get(n) != v for n, v in candidate.params.items()):
                 continue
             if all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral):
                 continue  # the same group: its measured peaks already bound the prediction
+            if self._same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same:
+                return Carried(s.peak_mib, 0.0, s.number)  # llama.cpp runs them alike: the peak is the measured one
             diff = self.memory.difference(candidate.config, s.config)
-            if diff is not None and (best is None or diff[1] < best.sd):
-                best = Carried(s.peak_mib + diff[0], diff[1], s.number)
-        if best is None:
-            return None
-        return Carried(best.mib, math.hypot(best.sd, self._miss), best.trial)
+            if diff is None:
+                continue
+            sd = math.hypot(diff[1], self._miss if self._miss is not None else diff[0])
+            if best is None or sd < best.sd:
+                best = Carried(s.peak_mib + diff[0], sd, s.number)
+        return best
 
     def _difference_miss(self, seen: list[Seen]) -> float | None:
         """Root mean square of measured minus predicted peak differences over pairs of trials of one GPU share
-        whose predictions differ; None without such a pair (then nothing is carried over)."""
+        whose predictions differ; None without such a pair."""
         by_share: dict[str, list[Seen]] = {}
         for s in seen:
             if s.peak_mib is not None and s.config is not None:
@@ -467,6 +477,17 @@ class Boundary:
     # -- what the trials say ---------------------------------------------------------------------------------
     def _config(self, params: dict[str, Any]) -> TrialConfig:
         return to_config(self.campaign, params, self.models)
+
+    def _same(self, params: dict[str, Any]) -> str:
+        """A key equal for parameters llama.cpp runs alike: the placement pattern is moot where no layer's experts,
+        or every layer's, are in RAM (the same tensors on the same devices). Such a configuration is not measured
+        again under another pattern's name (synthetic-298 at 16 GiB measured all three patterns with no expert in
+        RAM, benchmarks/results/search-efficiency.md)."""
+        config = self._config(params)
+        perf = self.perf.get(str(config.model))
+        if perf is not None:
+            config = realize(config, perf.shape.n_layers)
+        return json.dumps(config.to_params(), sort_keys=True, default=str)
 
     def _predict(self, config: TrialConfig) -> float | None:
         pred = self.memory.predict(config)

@@ -3,6 +3,7 @@ around the best trial, keeps whole-layer offload out where expert placement wins
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,10 @@ import pytest
 from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.engines.replay import parameter_columns, read_table
+from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.replay import parameter_columns, read_table, shape_path
+from autoinfer.model.placement import realize
+from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
@@ -147,3 +151,35 @@ def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that
     carried = [t for t in measured if "carried over to fit" in str(t.search_reason)]
     assert carried, reasons
     assert all(t.params["cpu_expert_layers"] == 28 and t.vram_peak_mib <= 12288.0 for t in carried), reasons
+
+
+def _command(config: dict, n_layers: int) -> str:
+    """The configuration as llama.cpp runs it (placement realized as tensor overrides)."""
+    return json.dumps(realize(TrialConfig.from_params(config), n_layers).to_params(), sort_keys=True, default=str)
+
+
+def test_a_command_line_is_measured_once_under_whichever_placement_name(tmp_path, monkeypatch):
+    """Synthetic table 298 at 16 GiB: every expert fits on the GPU, where the placement pattern is moot. The search
+    measured the incumbent again as `even` and `first` (the same llama.cpp command line) as if they were moves; only
+    its deliberate re-measurement (`again_of`) may repeat a command line."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    table = synthetic_table(tmp_path, 298)
+    n_layers = ModelShape.from_json(shape_path(table).read_text()).n_layers
+    study = _replay(table, 16384.0, trials=20)
+    commands = [_command(t.config, n_layers) for t in _measured(study) if t.again_of is None]
+    assert len(commands) == len(set(commands)), [t.search_reason for t in _measured(study)]
+
+
+def test_a_share_measured_over_is_not_probed_again_under_another_pattern(tmp_path, monkeypatch):
+    """Synthetic table 297 at 12 GiB: experts of 10 layers in RAM measured 12593 MiB with the `last` pattern
+    (trial 1). Before any pair of trials told how far the memory model's predicted differences miss, nothing was
+    carried over, so the `even` pattern's move probed the same share (12593 MiB again). The predicted difference,
+    trusted to within its own size, keeps it out: one trial over the budget, not two."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    study = _replay(synthetic_table(tmp_path, 297), 12288.0, trials=12)
+    over = [t for t in _measured(study) if t.outcome == "infeasible"]
+    assert len(over) == 1, [(t.number, t.search_reason) for t in _measured(study)]

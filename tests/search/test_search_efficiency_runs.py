@@ -1,5 +1,6 @@
 """The benchmark runs each seed as its own unit of work (benchmarks/search_efficiency.py), so a slow table's seeds
-share the cores: its answers must be compare()'s, and a budget no row fits must stop it before any run."""
+share the cores: its answers must be compare()'s, and a budget no row fits must stop it before any run. Its synthetic
+tables list one measurement per llama.cpp command line."""
 
 from __future__ import annotations
 
@@ -41,3 +42,22 @@ def test_a_budget_no_row_fits_is_a_one_line_error_before_any_run(tmp_path, monke
     assert main(["--table", str(table), "--no-synthetic", "--budget", "100", "--seeds", "1"]) == 2
     printed = capsys.readouterr().out.strip()
     assert printed.count("\n") == 0 and "no row of" in printed and "100" in printed, printed
+
+
+def test_a_synthetic_table_lists_one_measurement_per_command_line(tmp_path, monkeypatch):
+    """Rows llama.cpp runs alike (a placement pattern with no layer's experts in RAM, or every layer's) are one
+    configuration: with a noise draw each, a table's best row was the luckiest twin (synthetic-338 at 16 GiB)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from synthetic_tables import synthetic_table
+
+    table = synthetic_table(tmp_path, 338)
+    df = pd.read_csv(table)
+    n_layers = int(df["cpu_expert_layers"].max())
+    moot = df[df["cpu_expert_layers"].isin([0, n_layers])]
+    others = [c for c in df.columns if c not in ("placement", "tg", "pp", "tg_samples", "pp_samples", "vram_mib")]
+    twins = moot.groupby(others)
+    assert twins.ngroups < len(moot)  # each moot configuration is listed under every pattern
+    assert (twins["placement"].nunique() == df["placement"].nunique()).all()
+    assert (twins["tg_samples"].nunique() == 1).all() and (twins["pp_samples"].nunique() == 1).all()
+    # where the pattern matters, the rows are measurements of their own
+    assert df[~df.index.isin(moot.index)].groupby(others)["tg_samples"].nunique().gt(1).any()
