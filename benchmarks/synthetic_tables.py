@@ -12,9 +12,11 @@ load mode have the same peak to the MiB. (An earlier version added 20 MiB of noi
 placement at the budget's edge fit or not by chance, for one knob combination and not its neighbour: nothing a
 memory model can learn, and nothing llama.cpp does.) The speeds' noise is per row and per repetition; measured
 rows scatter more (benchmarks/table_structure.py). Rows llama.cpp runs alike (a placement pattern with no layer's
-experts in RAM, or every layer's: one command line) are one measurement listed under each name: with a draw each,
-the best row of a table was often the luckiest of such copies, a target only a search that measures the same
-command again could reach (synthetic-338 at 16 GiB: `first` with no experts in RAM 6.6% over its noise-free value).
+experts in RAM, or every layer's: one command line) are one configuration listed under each name, with the first
+name's measurement and noise-free speed. With a draw each, the best row of a table was often the luckiest of such
+copies, a target only a search that measures the same command again could reach (synthetic-338 at 16 GiB: `first`
+with no experts in RAM 6.6% over its noise-free value); and the pattern's random effect on the CPU-side time, meant
+for which layers' experts sit in RAM, set their noise-free speeds up to 19% apart.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def synthetic_table(folder: Path, seed: int) -> Path:
     inter = {(a, b): {(str(x), str(y)): rng.normal(0, 0.03) for x in space[a] for y in space[b]} for a, b in pairs}
     noise = rng.uniform(0.01, 0.04)
     rows, noise_free = [], []
-    commands: dict[str, dict] = {}  # one measurement per llama.cpp command line
+    commands: dict[str, tuple[dict, dict]] = {}  # one measurement and one true speed per command line
     names = list(space)
     for values in itertools.product(*(space[n] for n in names)):
         params = dict(zip(names, values))
@@ -146,8 +148,9 @@ def synthetic_table(folder: Path, seed: int) -> Path:
         measured = {"tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s), "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)}
         command = json.dumps(realize(config, shape.n_layers).to_params(), sort_keys=True, default=str)
-        rows.append({**params, **commands.setdefault(command, measured)})
-        noise_free.append({"tg": float(tg), "pp": float(pp)})
+        measured, free = commands.setdefault(command, (measured, {"tg": float(tg), "pp": float(pp)}))
+        rows.append({**params, **measured})
+        noise_free.append(free)
     df = pd.DataFrame(rows)
     path = Path(folder) / f"synthetic-{seed}.csv"
     df.to_csv(path, index=False)

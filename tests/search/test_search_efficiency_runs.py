@@ -48,16 +48,17 @@ def test_a_synthetic_table_lists_one_measurement_per_command_line(tmp_path, monk
     """Rows llama.cpp runs alike (a placement pattern with no layer's experts in RAM, or every layer's) are one
     configuration: with a noise draw each, a table's best row was the luckiest twin (synthetic-338 at 16 GiB)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from synthetic_tables import synthetic_table
+    from synthetic_tables import noise_free_path, synthetic_table
 
     table = synthetic_table(tmp_path, 338)
-    df = pd.read_csv(table)
+    df = pd.read_csv(table).assign(free=pd.read_csv(noise_free_path(table))["tg"])
     n_layers = int(df["cpu_expert_layers"].max())
     moot = df[df["cpu_expert_layers"].isin([0, n_layers])]
-    others = [c for c in df.columns if c not in ("placement", "tg", "pp", "tg_samples", "pp_samples", "vram_mib")]
+    others = [c for c in df.columns if c not in ("placement", "tg", "pp", "tg_samples", "pp_samples", "vram_mib", "free")]
     twins = moot.groupby(others)
     assert twins.ngroups < len(moot)  # each moot configuration is listed under every pattern
     assert (twins["placement"].nunique() == df["placement"].nunique()).all()
     assert (twins["tg_samples"].nunique() == 1).all() and (twins["pp_samples"].nunique() == 1).all()
+    assert (twins["free"].nunique() == 1).all()  # one true speed, too
     # where the pattern matters, the rows are measurements of their own
     assert df[~df.index.isin(moot.index)].groupby(others)["tg_samples"].nunique().gt(1).any()
