@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from autoinfer.engines import base
 from autoinfer.engines.base import Outcome, RunContext, TrialConfig
+from autoinfer.refengine.options import EngineOptions, flag
 
 
 def run(config: TrialConfig, tmp_path: Path):
@@ -113,4 +115,9 @@ def test_sweep_campaign_with_the_reference_engine(hf_gguf, tmp_path):
         exported.stdout
     command = subprocess.run([*cli, "--format", "bench"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert command.returncode == 0 and "-m autoinfer.refengine.worker --model" in command.stdout
-    assert "--gdn" in command.stdout or "--moe" in command.stdout  # the searched knobs, as the trial ran them
+    # the searched knobs as a measured trial ran them (a knob at the worker's default has no flag)
+    argv = shlex.split(command.stdout.strip())
+    defaults = EngineOptions()
+    ran = {k: argv[argv.index(flag(k)) + 1] if flag(k) in argv else str(getattr(defaults, k))
+           for k in ("gdn", "moe", "expert_slots")}
+    assert ran in [{k: str(v) for k, v in t.params.items()} for t in trials], command.stdout
