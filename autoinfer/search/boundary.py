@@ -186,8 +186,9 @@ class Boundary:
     def propose(self, study: optuna.Study) -> Choice | None:
         """The next configuration to measure and why; None when only the sampler is left."""
         seen = self._seen(study)
-        tried = {self._same(p): p for p in [s.params for s in seen] + [t.params for t in study.get_trials(
-            deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]}
+        asked = [s.params for s in seen] + [t.params for t in study.get_trials(
+            deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
+        tried = {self._same(p) for p in asked}
         self._calibrate(seen)
         self._memo = {}
         self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
@@ -209,7 +210,7 @@ class Boundary:
         local = self._local(incumbent, base, seen, tried, effects)
         if local is not None:
             return local
-        combos = sorted(self._combinations(incumbent, seen, tried, effects), key=lambda c: -_chance(c[1], c[2]))
+        combos = sorted(self._combinations(incumbent, seen, asked, tried, effects), key=lambda c: -_chance(c[1], c[2]))
         if combos and _chance(combos[0][1], combos[0][2]) > GATE:
             params, gain, sd, why = combos[0]
             return Choice(params, f"model: the combination at the boundary most likely to beat trial "
@@ -228,7 +229,7 @@ class Boundary:
                                   f"± {sd:.2f}{why}")
         return None
 
-    def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: dict[str, dict],
+    def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: set[str],
                effects: KnobEffects) -> Choice | None:
         """The single move from the incumbent most likely to beat it, among those that may (module docstring)."""
         moves = []
@@ -247,13 +248,14 @@ class Boundary:
         return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
                               f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){why}")
 
-    def _combinations(self, incumbent: Seen, seen: list[Seen], tried: dict[str, dict],
+    def _combinations(self, incumbent: Seen, seen: list[Seen], asked: list[dict], tried: set[str],
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
         """Every combination of the knobs not measured yet, at its boundary, with the predicted log gain over the
-        incumbent and its standard deviation; none where the space is too large to enumerate."""
+        incumbent and its standard deviation; none where the space is too large to enumerate. `asked`: the
+        parameters of every trial so far; `tried`: their keys (_same)."""
         if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
             return []
-        measured = {tuple(p.get(k) for k in self.knobs) for p in tried.values()}  # at the boundary or anywhere else
+        measured = {tuple(p.get(k) for k in self.knobs) for p in asked}  # at the boundary or anywhere else
         out = []
         for combo in itertools.product(*(self.values[k] for k in self.knobs)):
             if combo in measured:
@@ -397,14 +399,16 @@ class Boundary:
         trials of a new placement pattern probed the share just measured over with another (synthetic-297 at 12 GiB:
         trial 4 repeated trial 1's 12593 MiB, benchmarks/results/search-efficiency.md). A trial llama.cpp runs
         alike (other memory-neutral knobs, a moot placement pattern) carries its peak exactly."""
+        # the same share measured in another group (the same group's measured peaks already bound the prediction)
+        others = [s for s in seen if s.peak_mib is not None and s.config is not None
+                  and all(s.params.get(n) == v for n, v in candidate.params.items())
+                  and any(s.params.get(k) != v for k, v in knobs.items() if k not in self.neutral)]
+        if not others:
+            return None
         full = {**knobs, **candidate.params}
         same = self._same(full)
         best = None
-        for s in seen:
-            if s.peak_mib is None or s.config is None or any(s.params.get(n) != v for n, v in candidate.params.items()):
-                continue
-            if all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral):
-                continue  # the same group: its measured peaks already bound the prediction
+        for s in others:
             if self._same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same:
                 return Carried(s.peak_mib, 0.0, s.number)  # llama.cpp runs them alike: the peak is the measured one
             diff = self.memory.difference(candidate.config, s.config)
