@@ -318,12 +318,14 @@ class Boundary:
         return out
 
     def _moves(self, knob: str, current: Any) -> list[Any]:
-        """Values one step away (ordered knobs: the neighbours, a quarter of the range first on long axes;
-        unordered: every other value)."""
+        """Every other value, nearest first (an ordered knob's neighbours, a quarter of the range before them on long
+        axes): which one is measured is the model's call, its chance to beat the incumbent, not the move set's. With
+        the neighbours only, 16 threads measured faster than 12 ended the moves along threads where 4 was the best
+        (synthetic-335 at 8 GiB: the 22nd trial, now the 10th); a configuration no neighbour move improves, short of
+        the best, was on 43 of 183 synthetic table-budgets, against 18 with every value a move
+        (benchmarks/results/search-efficiency.md)."""
         values = self.values[knob]
-        if current not in values:
-            return list(values)
-        if not numeric(values):
+        if current not in values or not numeric(values):
             return [v for v in values if v != current]
         ordered = sorted(values)
         i = ordered.index(current)
@@ -331,7 +333,8 @@ class Boundary:
         out = []
         for step in steps:
             out += [ordered[j] for j in (i + step, i - step) if 0 <= j < len(ordered) and ordered[j] not in out]
-        return out
+        return out + [v for j, v in sorted(enumerate(ordered), key=lambda jv: (abs(jv[0] - i), -jv[0]))
+                      if j != i and v not in out]
 
     # -- the boundary ----------------------------------------------------------------------------------------
     def _boundary(self, knobs: dict[str, Any], seen: list[Seen]) -> Choice | None:

@@ -136,6 +136,21 @@ def test_a_value_measured_much_slower_is_not_measured_again_from_the_next_incumb
     assert any(t.params == {k: best[k] for k in ("threads", "type_k", "flash_attn")} for t in measured), reasons
 
 
+def test_a_value_two_steps_along_an_ordered_knob_is_a_move(tmp_path):
+    """16 threads measured faster than 12, 8 slower than 16, 4 the fastest (a bumpy thread curve, as on synthetic-335
+    at 8 GiB). With an ordered knob's neighbours as its only moves, 4 threads was two steps from the incumbent: it was
+    reached only through a combination that changed the K cache too, as the 6th trial. As a move it is the 4th."""
+    speed = {4: 112.0, 8: 94.0, 12: 90.0, 16: 100.0}
+    rows = [{"threads": t, "type_k": k, "tg": v * f, "pp": 500.0,
+             "tg_samples": f"{v * f * 0.99:.2f} {v * f:.2f} {v * f * 1.01:.2f}", "pp_samples": "500 500 500"}
+            for t, v in speed.items() for k, f in (("f16", 1.0), ("q8_0", 0.97))]
+    measured = _measured(_table_sweep(tmp_path, rows, trials=6))
+    reasons = [t.search_reason for t in measured]
+    four = next(t for t in measured if t.params["threads"] == 4)
+    assert four.search_reason.startswith("local: threads 16 → 4"), reasons
+    assert four.params == {"threads": 4, "type_k": "f16"} and four.number <= 3, reasons
+
+
 def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that_fit(tmp_path, monkeypatch):
     """Synthetic table 108 at 12 GiB: experts of 28 layers in RAM fit only with a q8_0 K cache and flash
     attention (12282 MiB); with f16 and flash attention off they measured 12307. The memory model alone puts the
