@@ -22,7 +22,6 @@ for which layers' experts sit in RAM, set their noise-free speeds up to 19% apar
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import shape_path
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import realize
+from autoinfer.model.placement import command_key
 from autoinfer.model.shape import ModelShape, TensorBytes
 
 # Knobs with no effect of their own on decode speed: a decode step is one token, so the micro-batch size changes
@@ -147,8 +146,7 @@ def synthetic_table(folder: Path, seed: int) -> Path:
         pp_s = pp * np.exp(rng.normal(0, 2 * noise, 3))
         measured = {"tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s), "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)}
-        command = json.dumps(realize(config, shape.n_layers).to_params(), sort_keys=True, default=str)
-        measured, free = commands.setdefault(command, (measured, {"tg": float(tg), "pp": float(pp)}))
+        measured, free = commands.setdefault(command_key(config, shape.n_layers), (measured, {"tg": float(tg), "pp": float(pp)}))
         rows.append({**params, **measured})
         noise_free.append(free)
     df = pd.DataFrame(rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
@@ -188,6 +189,15 @@ def realize(config: TrialConfig, n_layers: int) -> TrialConfig:
     extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)
     return config.with_(override_tensors=(*config.override_tensors, *overrides), extra=extra)
 
+
+
+def command_key(config: TrialConfig, n_layers: int | None) -> str:
+    """A key equal for configurations llama.cpp runs alike: placement realized as tensor overrides, so a pattern moot
+    where no layer's experts, or every layer's, are in RAM names one command line (n_layers None: a model whose
+    layout is unknown, the configuration as given)."""
+    if n_layers is not None:
+        config = realize(config, n_layers)
+    return json.dumps(config.to_params(), sort_keys=True, default=str)
 
 # ------------------------------------------------------------------------------------------ bytes per side
 

@@ -52,7 +52,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import cpu_expert_layers, cpu_layers, realize
+from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects, numeric
 from autoinfer.search.memory_screen import MemoryScreen
@@ -492,9 +492,7 @@ class Boundary:
         RAM, benchmarks/results/search-efficiency.md)."""
         config = self._config(params)
         perf = self.perf.get(str(config.model))
-        if perf is not None:
-            config = realize(config, perf.shape.n_layers)
-        return json.dumps(config.to_params(), sort_keys=True, default=str)
+        return command_key(config, perf.shape.n_layers if perf is not None else None)
 
     def _predict(self, config: TrialConfig) -> float | None:
         pred = self.memory.predict(config)

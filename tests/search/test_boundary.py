@@ -3,7 +3,6 @@ around the best trial, keeps whole-layer offload out where expert placement wins
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +12,7 @@ from rich.console import Console
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import parameter_columns, read_table, shape_path
-from autoinfer.model.placement import realize
+from autoinfer.model.placement import command_key
 from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE, _space
@@ -168,11 +167,6 @@ def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that
     assert all(t.params["cpu_expert_layers"] == 28 and t.vram_peak_mib <= 12288.0 for t in carried), reasons
 
 
-def _command(config: dict, n_layers: int) -> str:
-    """The configuration as llama.cpp runs it (placement realized as tensor overrides)."""
-    return json.dumps(realize(TrialConfig.from_params(config), n_layers).to_params(), sort_keys=True, default=str)
-
-
 def test_a_command_line_is_measured_once_under_whichever_placement_name(tmp_path, monkeypatch):
     """Synthetic table 298 at 16 GiB: every expert fits on the GPU, where the placement pattern is moot. The search
     measured the incumbent again as `even` and `first` (the same llama.cpp command line) as if they were moves; only
@@ -183,7 +177,7 @@ def test_a_command_line_is_measured_once_under_whichever_placement_name(tmp_path
     table = synthetic_table(tmp_path, 298)
     n_layers = ModelShape.from_json(shape_path(table).read_text()).n_layers
     study = _replay(table, 16384.0, trials=20)
-    commands = [_command(t.config, n_layers) for t in _measured(study) if t.again_of is None]
+    commands = [command_key(TrialConfig.from_params(t.config), n_layers) for t in _measured(study) if t.again_of is None]
     assert len(commands) == len(set(commands)), [t.search_reason for t in _measured(study)]
 
 
