@@ -10,11 +10,13 @@ on one-hot values and value pairs:
     β ~ N(0, τ_k² R_k),  γ ~ N(0, INTERACTION_SD²),  ε_i ~ N(0, σ_i² + RESIDUAL_SD²)
 
 τ_k is PRIOR_SD, or more where knob k's measured values differ by more. R_k is the identity for an unordered knob;
-for a numeric one with more than two values (threads, ubatch, …) values n ranks apart correlate by
-NEIGHBOUR_CORRELATION^n: speed moves with such a knob by steps, so a value next to one measured fast is expected to
-be fast too, not typical (two values have no trend to carry). With independent values, a trend (16 threads slower
-than 12, 8 faster) said nothing about 4: it kept a typical value's prediction, below the incumbent's, and was not
-measured (synthetic-252 at 12 GiB, benchmarks/results/search-efficiency.md).
+for a numeric one with more than two values (threads, ubatch, …) it is a trend across the values by rank plus steps
+around it, values n ranks apart correlating by NEIGHBOUR_CORRELATION^n (_ordered_prior): speed moves with such a knob
+by steps, so a value next to one measured fast is expected to be fast too, not typical, and a trend measured over
+three values goes on to the next (two values have no trend to carry). With independent values, a trend (16 threads
+slower than 12, 8 faster) said nothing about 4: it kept a typical value's prediction, below the incumbent's, and was
+not measured (synthetic-252 at 12 GiB, benchmarks/results/search-efficiency.md); with correlated steps only, 4 was
+expected to fall back halfway to the mean, still below 8 (synthetic-388 at 8 GiB).
 
 σ_i² is the variance of trial i's pooled median (from its repetitions' spread); RESIDUAL_SD what neither explains,
 mostly how far one process lands from another of the same configuration (measured, below).
@@ -40,8 +42,11 @@ INTERACTION_SD = 0.02  # what two knobs' values do together beyond the sum of th
 # configuration run in 5 fresh processes on an H100 scattered by a log SD of 0.03-0.10 (median 0.07; 6
 # configurations, benchmarks/results/vs-fit-h100.json), where the repetitions inside each run agreed within ~1%.
 RESIDUAL_SD = 0.07
-INTERCEPT_SD = 1.0  # the performance model's own error at the boundary: unknown, a broad prior
-NEIGHBOUR_CORRELATION = 0.5  # prior correlation of adjacent values of an ordered knob: a step carries half a trend
+# The performance model's own error at the boundary, or the whole log speed where there is no performance model:
+# unknown, a prior broad enough that the level of the speeds goes here and not into the values first measured.
+INTERCEPT_SD = 10.0
+NEIGHBOUR_CORRELATION = 0.5  # prior correlation of adjacent steps of an ordered knob around its trend
+TREND_SHARE = 0.5  # of an ordered knob's prior variance, the part that is a trend across its values (_ordered_prior)
 MAX_COLUMNS = 1000  # values and value pairs; beyond this the model keeps single values only
 
 
@@ -57,17 +62,16 @@ class KnobEffects:
         self.index = {column: i + 1 for i, column in enumerate(singles + pairs)}  # 0: the intercept
         self.knob_columns = {knob: [self.index[((knob, _key(v)),)] for v in vs] for knob, vs in values.items()}
         self.prior_sd = np.array([INTERCEPT_SD] + [PRIOR_SD] * len(singles) + [INTERACTION_SD] * len(pairs))
-        corr = np.eye(len(self.prior_sd))
-        self.prior_corr_inv = np.eye(len(self.prior_sd))  # block by block: the rest of the matrix is the identity
+        shape = np.eye(len(self.prior_sd))
+        self.prior_shape_inv = np.eye(len(self.prior_sd))  # block by block: the rest of the matrix is the identity
         for knob, vs in values.items():
             if len(vs) > 2 and numeric(vs):
                 ranked = np.array([self.index[((knob, _key(v)),)] for v in sorted(vs)])
-                ranks = np.arange(len(ranked))
-                block = NEIGHBOUR_CORRELATION ** np.abs(ranks[:, None] - ranks[None, :])
-                corr[np.ix_(ranked, ranked)] = block
-                self.prior_corr_inv[np.ix_(ranked, ranked)] = np.linalg.inv(block)
+                block = _ordered_prior(len(ranked))
+                shape[np.ix_(ranked, ranked)] = block
+                self.prior_shape_inv[np.ix_(ranked, ranked)] = np.linalg.inv(block)
         self.mean = np.zeros(len(self.prior_sd))
-        self.cov = corr * np.outer(self.prior_sd, self.prior_sd)
+        self.cov = shape * np.outer(self.prior_sd, self.prior_sd)
         self.n = 0
 
     def row(self, knobs: dict[str, Any]) -> np.ndarray:
@@ -102,7 +106,7 @@ class KnobEffects:
         return self
 
     def _condition(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        precision = self.prior_corr_inv / np.outer(self.prior_sd, self.prior_sd)
+        precision = self.prior_shape_inv / np.outer(self.prior_sd, self.prior_sd)
         self.cov = np.linalg.inv(precision + (x * w[:, None]).T @ x)
         self.mean = self.cov @ ((x * w[:, None]).T @ y)
 
@@ -110,6 +114,19 @@ class KnobEffects:
         """(mean, standard deviation) of log(effect of a / effect of b)."""
         d = self.row(a) - self.row(b)
         return float(d @ self.mean), math.sqrt(max(float(d @ self.cov @ d), 0.0))
+
+
+def _ordered_prior(n: int) -> np.ndarray:
+    """Prior covariance (in units of the knob's variance) of an ordered knob's n values by rank: a trend across
+    the range (TREND_SHARE of the variance, on average over the values) plus steps around it that correlate by
+    NEIGHBOUR_CORRELATION^distance. Without the trend a value beyond the measured ones reverted towards the mean:
+    16 threads slower than 12, 12 slower than 8, put 4 below 8 by half of 8's lead (synthetic-388 at 8 GiB: 4 was
+    the best, 14% faster than 8, and came as the 16th trial)."""
+    ranks = np.arange(n)
+    z = ranks - ranks.mean()
+    trend = np.outer(z, z) / np.mean(z * z)
+    steps = NEIGHBOUR_CORRELATION ** np.abs(ranks[:, None] - ranks[None, :])
+    return TREND_SHARE * trend + (1 - TREND_SHARE) * steps
 
 
 def numeric(values: Sequence[Any]) -> bool:
