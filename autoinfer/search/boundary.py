@@ -17,9 +17,9 @@
    model's ratio for its placement times the knob effects learned from every trial so far (search/effects.py:
    a mean and a standard deviation); a move is measured while that chance is above GATE (16%: one standard
    deviation short, KAPPA), the likeliest first. A value never measured is expected to do what a typical value
-   of its knob does (of an ordered knob: more like its measured neighbours), with the prior's spread; a move
-   already measured worse from an earlier incumbent is not measured again, nor one whose re-fitted placement
-   costs more than the knobs can win back. An improvement moves the incumbent and the moves restart from it.
+   of its knob does (of an ordered knob: like its measured neighbours, and along their trend), with the prior's
+   spread; a move already measured worse from an earlier incumbent is not measured again, nor one whose re-fitted
+   placement costs more than the knobs can win back. An improvement moves the incumbent and the moves restart from it.
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
    whole-layer placement is faster.
 4. Model. Then the combination of knob values at the boundary most likely to beat the incumbent, while that
