@@ -29,7 +29,8 @@ were traced, 304-351 judged a residual learned per campaign, which 352-375 judge
 traced after); 304-351 judged every value of a knob as a move, which 376-399 judged unseen (kept; 389 traced
 after); 388 was traced, 304-351 judged a trend in an ordered knob's prior, which 400-423 judged unseen (kept);
 346 and 351 were traced, 304-351 judged the incumbent chosen by the models, which 424-447 judged unseen (not
-kept; 436 traced after) (benchmarks/results/search-efficiency.md).
+kept; 436 traced after, and 304-351 judged a probe worth its expected gain, not kept)
+(benchmarks/results/search-efficiency.md).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
