@@ -380,12 +380,12 @@ def trap_account(rows: list[dict]) -> str:
     """Noise-free trial counts split by whether the table-budget has a trap (traps()): how much of what misses the
     target is where moving one knob at a time stops short of it."""
     parts = []
-    for label, group in (("with a trap", [r for r in rows if r["traps"]]), ("without", [r for r in rows if not r["traps"]])):
-        counts = [r["boundary"]["median_noise_free"] for r in group]
-        parts.append(f"{label} {len(group)}, median {statistics.median(counts):g} trials, "
-                     f"{sum(c > TARGET_TRIALS for c in counts)} above {TARGET_TRIALS}" if group else f"{label} none")
-    return (f"noise-free, table-budgets with a trap (a configuration worth < {TARGET:.0%} of the best that no change of "
-            f"one knob's value makes faster): " + "; ".join(parts))
+    for label, has_trap in (("with a trap", True), ("without", False)):
+        counts = [r["boundary"]["median_noise_free"] for r in rows if bool(r["traps"]) == has_trap]
+        parts.append(f"{label} {len(counts)}, median {statistics.median(counts):g} trials, "
+                     f"{sum(c > TARGET_TRIALS for c in counts)} above {TARGET_TRIALS}" if counts else f"{label} none")
+    return (f"noise-free, table-budgets with a trap (a configuration worth < {TARGET:.0%} of the best that no change "
+            "of one knob's value makes faster): " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -146,7 +146,8 @@ def synthetic_table(folder: Path, seed: int) -> Path:
         pp_s = pp * np.exp(rng.normal(0, 2 * noise, 3))
         measured = {"tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s), "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)}
-        measured, free = commands.setdefault(command_key(config, shape.n_layers), (measured, {"tg": float(tg), "pp": float(pp)}))
+        measured, free = commands.setdefault(command_key(config, shape.n_layers),
+                                             (measured, {"tg": float(tg), "pp": float(pp)}))
         rows.append({**params, **measured})
         noise_free.append(free)
     df = pd.DataFrame(rows)

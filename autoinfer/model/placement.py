@@ -190,7 +190,6 @@ def realize(config: TrialConfig, n_layers: int) -> TrialConfig:
     return config.with_(override_tensors=(*config.override_tensors, *overrides), extra=extra)
 
 
-
 def command_key(config: TrialConfig, n_layers: int | None) -> str:
     """A key equal for configurations llama.cpp runs alike: placement realized as tensor overrides, so a pattern moot
     where no layer's experts, or every layer's, are in RAM names one command line (n_layers None: a model whose
@@ -198,6 +197,7 @@ def command_key(config: TrialConfig, n_layers: int | None) -> str:
     if n_layers is not None:
         config = realize(config, n_layers)
     return json.dumps(config.to_params(), sort_keys=True, default=str)
+
 
 # ------------------------------------------------------------------------------------------ bytes per side
 

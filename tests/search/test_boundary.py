@@ -177,7 +177,8 @@ def test_a_command_line_is_measured_once_under_whichever_placement_name(tmp_path
     table = synthetic_table(tmp_path, 298)
     n_layers = ModelShape.from_json(shape_path(table).read_text()).n_layers
     study = _replay(table, 16384.0, trials=20)
-    commands = [command_key(TrialConfig.from_params(t.config), n_layers) for t in _measured(study) if t.again_of is None]
+    commands = [command_key(TrialConfig.from_params(t.config), n_layers)
+                for t in _measured(study) if t.again_of is None]
     assert len(commands) == len(set(commands)), [t.search_reason for t in _measured(study)]
 
 
