@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from autoinfer.engines.base import TrialConfig
-from autoinfer.engines.replay import shape_path
+from autoinfer.engines.replay import noise_free_path, shape_path
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import command_key
@@ -95,11 +95,6 @@ def _names(key: str | tuple[str, str]) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else key
 
 
-def noise_free_path(table: Path) -> Path:
-    """The sidecar with each row's tg and pp before noise (same row order), which only a generator can know."""
-    return table.with_name(table.stem + ".noise-free.csv")
-
-
 def synthetic_table(folder: Path, seed: int) -> Path:
     """Write synthetic-<seed>.csv (+ .shape.json and .meta.json with the budgets it allows) into folder."""
     rng = np.random.default_rng(1000 + seed)
@@ -153,7 +148,8 @@ def synthetic_table(folder: Path, seed: int) -> Path:
     df = pd.DataFrame(rows)
     path = Path(folder) / f"synthetic-{seed}.csv"
     df.to_csv(path, index=False)
-    pd.DataFrame(noise_free).to_csv(noise_free_path(path), index=False)
+    sds = {"tg_process_sd": noise, "tg_repetition_sd": noise, "pp_process_sd": 0.0, "pp_repetition_sd": 2 * noise}
+    pd.DataFrame(noise_free).assign(**sds).to_csv(noise_free_path(path), index=False)  # fresh_noise draws from these
     shape_path(path).write_text(shape.to_json())
     low, high = df["vram_mib"].min(), df["vram_mib"].max()
     budgets = [b for b in (8192, 12288, 16384) if low < b < high]

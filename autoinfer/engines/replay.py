@@ -7,6 +7,12 @@ measured on several GPUs, where `vram_mib` is the largest of them); optional `tg
 space-separated) give each row its measured noise, which replay draws from; an optional `outcome` column marks rows
 that failed (oom, crash, …). A `<table>.shape.json` beside it (written by benchmarks/make_table.py) describes the
 model so the memory model can be used on the table without the GGUF.
+
+A row is one process's measurement, so replaying its samples again replays its luck: a configuration measured
+twice (the search's `again`, a confirmation) agrees with itself where a fresh process would not. A generated table
+knows more: its `<table>.noise-free.csv` (benchmarks/synthetic_tables.py) holds each row's tg and pp before noise and
+the noise's standard deviations (log scale) per process and per repetition. With engine option `fresh_noise`, each
+run draws its samples from those, around the row's noise-free value, as a new process would measure them.
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples",
 
 def shape_path(table: Path) -> Path:
     return table.with_name(table.stem + ".shape.json")
+
+
+def noise_free_path(table: Path) -> Path:
+    """The sidecar with each row's tg and pp before noise (same row order), which only a generator can know."""
+    return table.with_name(table.stem + ".noise-free.csv")
+
+
+#: Columns of a noise-free sidecar that `fresh_noise` draws from: per kind, the value before noise and the log SDs.
+FRESH_COLUMNS = tuple(f"{kind}{suffix}" for kind in ("tg", "pp") for suffix in ("", "_process_sd", "_repetition_sd"))
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -119,11 +134,14 @@ class ReplayEngine(Engine):
 
     name = "replay"
 
-    def __init__(self, table: str | Path, seed: int = 0, match: str = "nearest") -> None:
+    def __init__(self, table: str | Path, seed: int = 0, match: str = "nearest", fresh_noise: bool = False) -> None:
         if match not in ("nearest", "exact"):
             raise UserError(f"engine_options.match {match!r} is not one of nearest, exact")
         self.table_path = Path(table)
         self.df = read_table(self.table_path)
+        if not isinstance(fresh_noise, bool):
+            raise UserError(f"engine_options.fresh_noise {fresh_noise!r} is not true or false")
+        self.fresh = _fresh_noise(self.table_path, len(self.df)) if fresh_noise else None
         self.params = parameter_columns(self.df)
         self.knobs = {name: LLAMA_KNOBS.get(name, ANY) for name in self.params}
         #: GPUs the table was measured on (its per-GPU peak columns, else one), never this host's: a one-GPU table
@@ -197,9 +215,15 @@ class ReplayEngine(Engine):
                            wall_s=wall if wall is not None else time.monotonic() - started)
 
     def _draw(self, row: pd.Series, kind: str, n: int) -> tuple[float, ...]:
-        """n repetitions: resampled from the row's samples when it has them, else its median repeated."""
+        """n repetitions: drawn as a fresh process would measure them (fresh_noise), else resampled from the row's
+        samples when it has them, else its median repeated."""
         if n == 0 or kind not in row or pd.isna(row[kind]):
             return ()
+        if self.fresh is not None:
+            free = self.fresh.loc[row.name]
+            shift = self.rng.normal(0.0, free[f"{kind}_process_sd"])  # one per run: the process's own luck
+            logs = shift + self.rng.normal(0.0, free[f"{kind}_repetition_sd"], n)
+            return tuple(float(v) for v in free[kind] * np.exp(logs))
         samples = _samples(row.get(f"{kind}_samples"))
         if samples:
             return tuple(float(v) for v in self.rng.choice(samples, size=n, replace=True))
@@ -210,7 +234,23 @@ class ReplayEngine(Engine):
 def _factory(**options: Any) -> ReplayEngine:
     if "table" not in options:
         raise UserError("engine 'replay' needs engine_options.table: the CSV of measured configurations")
-    unknown = set(options) - {"table", "seed", "match"}
+    unknown = set(options) - {"table", "seed", "match", "fresh_noise"}
     if unknown:
-        raise UserError(f"engine_options.{min(unknown)}: engine 'replay' takes only table, seed and match")
+        raise UserError(f"engine_options.{min(unknown)}: engine 'replay' takes only table, seed, match and fresh_noise")
     return ReplayEngine(**options)
+
+
+def _fresh_noise(table: Path, rows: int) -> pd.DataFrame:
+    """The noise-free sidecar that fresh_noise draws from; UserError where the table has none (a measured table)."""
+    path = noise_free_path(table)
+    if not path.is_file():
+        raise UserError(f"engine_options.fresh_noise needs {path.name} beside the table (each row's speeds before "
+                        f"noise, as benchmarks/synthetic_tables.py writes it); a measured table has none: leave the "
+                        f"option out")
+    free = pd.read_csv(path)
+    missing = [c for c in FRESH_COLUMNS if c not in free]
+    if missing or len(free) != rows:
+        raise UserError(f"{path} needs {rows} rows and columns {', '.join(FRESH_COLUMNS)}"
+                        + (f" (missing {', '.join(missing)})" if missing else f", not {len(free)} rows")
+                        + "; write it again with benchmarks/synthetic_tables.py")
+    return free

@@ -161,8 +161,9 @@ def goals(table: Path, objective: str, budget_mib: float | None, noise_free: pd.
 
 
 def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, trials: int, objective: str,
-             scored: Goals) -> SeedRun:
-    """One simulated campaign, scored. Seeds are independent, so callers may run them in parallel."""
+             scored: Goals, fresh_noise: bool = False) -> SeedRun:
+    """One simulated campaign, scored. Seeds are independent, so callers may run them in parallel. fresh_noise:
+    each run a new process's draw around the row's noise-free value (a generated table's; engines/replay.py)."""
     from autoinfer.campaign.spec import parse_campaign
     from autoinfer.engines.replay import parameter_columns
     from autoinfer.store.trials import MEMORY_STORAGE, Store
@@ -173,7 +174,7 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     memory_key = "vram_mib" if "vram_mib" in df else "ram_mib"
     campaign = parse_campaign({
         "name": f"replay-{strategy}-{seed}", "engine": "replay",
-        "engine_options": {"table": str(Path(table).resolve()), "seed": seed},
+        "engine_options": {"table": str(Path(table).resolve()), "seed": seed, "fresh_noise": fresh_noise},
         "model": str(table), "space": _space(df, parameter_columns(df)),
         "objective": "tg" if objective == "tg" else "pp" if objective == "pp" else {"tg": 1, "pp": 1},
         "budget": {"trials": trials}, "constraints": {} if budget_mib is None else {memory_key: budget_mib},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -71,11 +72,38 @@ def test_replay_prunes_on_request(planted, tmp_path):
     ({}, "needs engine_options.table"),
     ({"table": "/nonexistent.csv"}, "does not exist"),
     ({"table": "T", "sed": 1}, "engine_options.sed"),
+    ({"table": "T", "fresh_noise": "yes"}, "is not true or false"),
+    ({"table": "T", "fresh_noise": True}, "needs planted.noise-free.csv beside the table"),
 ])
 def test_bad_replay_options(planted, options, needle):
     options = {k: (str(planted) if v == "T" else v) for k, v in options.items()}
     with pytest.raises(UserError, match=needle):
         base.create("replay", **options)
+
+
+def test_fresh_noise_draws_a_new_process_around_the_noise_free_speed(tmp_path):
+    """A row replayed again replays its one process's luck; with fresh_noise each run is a new process: its
+    repetitions share one shift (process_sd) and scatter around it (repetition_sd), centred on the noise-free value,
+    not on the row's lucky samples."""
+    table = tmp_path / "lucky.csv"
+    pd.DataFrame([{"threads": 1, "tg": 110.0, "pp": 50.0, "tg_samples": "110 110 110", "pp_samples": "50 50 50"}]
+                 ).to_csv(table, index=False)
+    free = {"tg": 100.0, "tg_process_sd": 0.05, "tg_repetition_sd": 0.0, "pp": 40.0, "pp_process_sd": 0.0,
+            "pp_repetition_sd": 0.1}
+    pd.DataFrame([free]).to_csv(tmp_path / "lucky.noise-free.csv", index=False)
+    config = TrialConfig(model=Path("m"), threads=1, repetitions=3)
+    frozen = base.create("replay", table=str(table)).run(config, RunContext(timeout_s=1, artifacts=tmp_path))
+    assert frozen.tg_samples == (110.0,) * 3
+    engine = base.create("replay", table=str(table), seed=3, fresh_noise=True)
+    runs = [engine.run(config, RunContext(timeout_s=1, artifacts=tmp_path)) for _ in range(400)]
+    shifts = [math.log(r.tg_samples[0] / 100.0) for r in runs]
+    assert all(len(set(r.tg_samples)) == 1 for r in runs)  # no repetition noise: one shift per run
+    assert abs(statistics.mean(shifts)) < 0.01 and 0.04 < statistics.stdev(shifts) < 0.06
+    pp = [math.log(v / 40.0) for r in runs for v in r.pp_samples]
+    assert abs(statistics.mean(pp)) < 0.02 and 0.08 < statistics.stdev(pp) < 0.12
+    pd.DataFrame([{"tg": 100.0, "pp": 40.0}]).to_csv(tmp_path / "lucky.noise-free.csv", index=False)
+    with pytest.raises(UserError, match="missing tg_process_sd"):
+        base.create("replay", table=str(table), fresh_noise=True)
 
 
 def test_table_without_results_is_refused(tmp_path):

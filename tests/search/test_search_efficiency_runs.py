@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from autoinfer.engines.replay import noise_free_path
 from autoinfer.sweep.replay_cli import compare
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -17,7 +18,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 def test_the_benchmarks_seed_by_seed_runs_answer_what_compare_does(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from search_efficiency import main
-    from synthetic_tables import noise_free_path, synthetic_table
+    from synthetic_tables import synthetic_table
 
     table = synthetic_table(tmp_path, 3)
     budget = json.loads(table.with_suffix(".meta.json").read_text())["budgets_mib"][0]
@@ -48,7 +49,7 @@ def test_a_synthetic_table_lists_one_measurement_per_command_line(tmp_path, monk
     """Rows llama.cpp runs alike (a placement pattern with no layer's experts in RAM, or every layer's) are one
     configuration: with a noise draw each, a table's best row was the luckiest twin (synthetic-338 at 16 GiB)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from synthetic_tables import noise_free_path, synthetic_table
+    from synthetic_tables import synthetic_table
 
     table = synthetic_table(tmp_path, 338)
     df = pd.read_csv(table).assign(free=pd.read_csv(noise_free_path(table))["tg"])
