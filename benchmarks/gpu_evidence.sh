@@ -5,6 +5,8 @@
 #       knobs (two tables of secondary knobs at 10 placements: ubatch x type_k x threads; pattern x load mode x ubatch),
 #       knobs4 (a third, never seen by the search: ubatch x type_k x threads x load mode at 10 placements, 160 rows,
 #       ~20 minutes: run it again until it reports every row),
+#       repack (a fourth, never seen by the search: weight repacking x flash attention x K cache at 10 placements,
+#       80 rows, ~10 minutes),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
@@ -55,6 +57,12 @@ for step in "$@"; do
         --grid cpu_expert_layers=4-40+4 ubatch=512,2048 type_k=f16,q8_0 threads=8,16 load_mode=mmap,none \
         --fixed n_gpu_layers=99 placement=last flash_attn=on \
         --n-prompt 512 --n-gen 32 --repetitions 2 --seed 7 --max-minutes "${KNOB_MINUTES:-9}" --resume
+      ;;
+    repack)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h100-35b-repack.csv" \
+        --grid cpu_expert_layers=4-40+4 repack=1,0 flash_attn=on,off type_k=f16,q8_0 \
+        --fixed n_gpu_layers=99 placement=last threads=16 ubatch=512 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --seed 11 --max-minutes "${KNOB_MINUTES:-11}" --resume
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \

@@ -16,8 +16,15 @@ judge where their structure is like measured llama.cpp data. Per table, on log(t
   experts in RAM than the largest one that fits measured faster with the same knobs (a lucky row or a real effect),
   as the share of combinations and the largest ratio.
 
+With --retest A B (one grid measured twice, as make_table.py writes it), per pair: how far one configuration's tg
+moves between two processes (the SD of the matched rows' log ratio, and over √2 one process's), and how far each
+run's host drifted (the lowest and highest mean, over DRIFT_ROWS rows in measurement order, of log(tg) minus the
+mean of its GPU share): what the repetitions inside one process do not show.
+
     python benchmarks/table_structure.py                        # the GPU tables + synthetic seeds 0-7
     python benchmarks/table_structure.py --synthetic 100 --synthetic 101
+    python benchmarks/table_structure.py --table benchmarks/tables/h100-35b-repack.csv \
+        --retest benchmarks/tables/h100-35b-repack.csv benchmarks/tables/h100-35b-repack-retest.csv
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from autoinfer.search.boundary import DEVICE_NEUTRAL, MEMORY_NEUTRAL
 TABLES = Path(__file__).resolve().parent / "tables"
 SHARE = ("n_gpu_layers", "cpu_expert_layers")
 GIB = (8192, 12288, 16384)
+DRIFT_ROWS = 20  # consecutive rows of one run (a few minutes of a GPU table) whose mean residual shows drift
 
 
 def _design(df: pd.DataFrame, knobs: list[str], pairs: list[tuple[str, str]]) -> np.ndarray:
@@ -117,11 +125,29 @@ def structure(table: Path, budgets: list[float]) -> dict:
     return out
 
 
+def retest(first: Path, second: Path) -> dict:
+    """The same grid measured twice (module docstring)."""
+    runs = [read_table(path) for path in (first, second)]
+    keys = parameter_columns(runs[0])
+    matched = runs[0].merge(runs[1], on=keys, suffixes=("_a", "_b"))
+    ratio = np.log(matched["tg_b"] / matched["tg_a"])
+
+    def drift(df: pd.DataFrame) -> tuple[float, float]:
+        y = np.log(df["tg"])
+        window = (y - y.groupby(df["cpu_expert_layers"]).transform("mean")).rolling(DRIFT_ROWS).mean()
+        return float(window.min()), float(window.max())
+
+    return {"tables": f"{first.name} / {second.name}", "rows": len(matched), "sd": float(ratio.std()),
+            "largest": float(ratio.abs().max()), "drift": [drift(df) for df in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", type=Path, action="append",
                     help="table(s); default: the measured GPU tables with knobs beside the GPU share")
     ap.add_argument("--synthetic", type=int, action="append", help="synthetic seeds (default 0-7)")
+    ap.add_argument("--retest", type=Path, nargs=2, action="append", metavar=("FIRST", "SECOND"),
+                    help="one grid measured twice: the spread between processes and each run's drift")
     ap.add_argument("--out", type=Path, help="also write the tables as Markdown")
     args = ap.parse_args(argv)
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
@@ -146,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{100 * b['faster_5pct']:.0f}% | {b['max_ratio']:.2f} |")
     lines += ["", "| table | knob effects on log(tg) at a fixed GPU share (± 2 SE) |", "|---|---|"]
     lines += [f"| {r['table']} | {'; '.join(r['effects'])} |" for r in results]
+    if args.retest:
+        lines += ["", f"| tables | matched rows | log ratio sd (one process) | largest log ratio | drift over "
+                      f"{DRIFT_ROWS} rows: first run | second run |", "|---|---|---|---|---|---|"]
+        for r in (retest(a, b) for a, b in args.retest):
+            lines.append(f"| {r['tables']} | {r['rows']} | {r['sd']:.3f} ({r['sd'] / math.sqrt(2):.3f}) | "
+                         f"{r['largest']:.2f} | " + " | ".join(f"{lo:+.3f} / {hi:+.3f}" for lo, hi in r["drift"]) + " |")
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
