@@ -42,8 +42,8 @@ from autoinfer.search.boundary import GPU_SHARE
 from autoinfer.search.effects import PRIOR_SD
 from autoinfer.sweep.replay_cli import TARGET
 
-DESIGNS = {"none": 0, "saturated": None, "saturated + 2": 2}  # extra combinations beyond the saturated design
-REPETITIONS = 3  # a trial's repetitions, as search_efficiency.py runs them
+DESIGNS = {"none": None, "saturated": 0, "saturated + 2": 2}  # combinations beyond the saturated design (None: none)
+REPETITIONS = 3  # a trial's repetitions, as search_efficiency.py runs them (the campaign default)
 SUBSETS = 200  # random subsets a D-optimal design is chosen from
 ORACLE = "oracle: whole-table main effects"
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"table": case["table"], "budget_mib": case["budget_mib"], "traps": case["traps"],
                        "combinations": len(keys), "boundary search": search, ORACLE: oracle_rank(x, y)}
                 for name, extra in DESIGNS.items():
-                    size = 0 if extra == 0 else min(x.shape[1] + (extra or 0), len(keys))
+                    size = 0 if extra is None else min(x.shape[1] + extra, len(keys))
                     row[name] = statistics.median(trials_to_target(x, y, variance, size, np.random.default_rng(s),
                                                                    args.trials) for s in range(args.seeds))
                 rows.append(row)
