@@ -17,9 +17,10 @@ judge where their structure is like measured llama.cpp data. Per table, on log(t
   as the share of combinations and the largest ratio.
 
 With --retest A B (one grid measured twice, as make_table.py writes it), per pair: how far one configuration's tg
-moves between two processes (the SD of the matched rows' log ratio, and over √2 one process's), and how far each
-run's host drifted (the lowest and highest mean, over DRIFT_ROWS rows in measurement order, of log(tg) minus the
-mean of its GPU share): what the repetitions inside one process do not show.
+moves between two processes (the SD of the matched rows' log ratio, and over √2 one process's), whether its pp moves
+with it (the correlation of the two log ratios: a process's luck shared by both), and how far each run's host
+drifted (the lowest and highest mean, over DRIFT_ROWS rows in measurement order, of log(tg) minus the mean of its
+GPU share): what the repetitions inside one process do not show.
 
     python benchmarks/table_structure.py                        # the GPU tables + synthetic seeds 0-7
     python benchmarks/table_structure.py --synthetic 100 --synthetic 101
@@ -131,6 +132,7 @@ def retest(first: Path, second: Path) -> dict:
     keys = parameter_columns(runs[0])
     matched = runs[0].merge(runs[1], on=keys, suffixes=("_a", "_b"))
     ratio = np.log(matched["tg_b"] / matched["tg_a"])
+    pp_ratio = np.log(matched["pp_b"] / matched["pp_a"])
 
     def drift(df: pd.DataFrame) -> tuple[float, float]:
         y = np.log(df["tg"])
@@ -138,7 +140,8 @@ def retest(first: Path, second: Path) -> dict:
         return float(window.min()), float(window.max())
 
     return {"tables": f"{first.name} / {second.name}", "rows": len(matched), "sd": float(ratio.std()),
-            "largest": float(ratio.abs().max()), "drift": [drift(df) for df in runs]}
+            "largest": float(ratio.abs().max()), "pp_correlation": float(np.corrcoef(ratio, pp_ratio)[0, 1]),
+            "drift": [drift(df) for df in runs]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "| table | knob effects on log(tg) at a fixed GPU share (± 2 SE) |", "|---|---|"]
     lines += [f"| {r['table']} | {'; '.join(r['effects'])} |" for r in results]
     if args.retest:
-        lines += ["", f"| tables | matched rows | log ratio sd (one process) | largest log ratio | drift over "
-                      f"{DRIFT_ROWS} rows: first run | second run |", "|---|---|---|---|---|---|"]
+        lines += ["", f"| tables | matched rows | log ratio sd (one process) | largest log ratio | pp moves with it "
+                      f"(r) | drift over {DRIFT_ROWS} rows: first run | second run |", "|---|---|---|---|---|---|---|"]
         for r in (retest(a, b) for a, b in args.retest):
             lines.append(f"| {r['tables']} | {r['rows']} | {r['sd']:.3f} ({r['sd'] / math.sqrt(2):.3f}) | "
-                         f"{r['largest']:.2f} | " + " | ".join(f"{lo:+.3f} / {hi:+.3f}" for lo, hi in r["drift"]) + " |")
+                         f"{r['largest']:.2f} | {r['pp_correlation']:.2f} | "
+                         + " | ".join(f"{lo:+.3f} / {hi:+.3f}" for lo, hi in r["drift"]) + " |")
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
