@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -112,25 +113,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=30, help="trials before a run counts as never reaching it")
     ap.add_argument("--out", type=Path, help="also write the results as JSON")
     args = ap.parse_args(argv)
+    cases = []
+    for path in args.results:
+        try:
+            cases += json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"error: {path} is not a readable results file ({exc.__class__.__name__}); give a file "
+                  "search_efficiency.py --out wrote", file=sys.stderr)
+            return 2
+    if not cases or not all(isinstance(c, dict) and {"table", "kind", "budget_mib"} <= set(c) for c in cases):
+        print("error: the results files hold no search_efficiency.py results; give files its --out wrote",
+              file=sys.stderr)
+        return 2
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for path in args.results:
-            for case in json.loads(path.read_text()):
-                search = case.get("boundary", {}).get("median_noise_free")
-                if case["kind"] != "synthetic" or case["budget_mib"] is None or search is None:
-                    continue
-                table = Path(folder) / case["table"]
-                if not table.is_file():
-                    synthetic_table(Path(folder), int(table.stem.split("-")[1]))
-                keys, y, variance = knob_speeds(table, case["budget_mib"])
-                x = main_effects(keys)
-                row = {"table": case["table"], "budget_mib": case["budget_mib"], "traps": case["traps"],
-                       "combinations": len(keys), "boundary search": search, ORACLE: oracle_rank(x, y)}
-                for name, extra in DESIGNS.items():
-                    size = 0 if extra is None else min(x.shape[1] + extra, len(keys))
-                    row[name] = statistics.median(trials_to_target(x, y, variance, size, np.random.default_rng(s),
-                                                                   args.trials) for s in range(args.seeds))
-                rows.append(row)
+        for case in cases:
+            search = case.get("boundary", {}).get("median_noise_free")
+            if case["kind"] != "synthetic" or case["budget_mib"] is None or search is None:
+                continue
+            table = Path(folder) / case["table"]
+            if not table.is_file():
+                synthetic_table(Path(folder), int(table.stem.split("-")[1]))
+            keys, y, variance = knob_speeds(table, case["budget_mib"])
+            x = main_effects(keys)
+            row = {"table": case["table"], "budget_mib": case["budget_mib"], "traps": case["traps"],
+                   "combinations": len(keys), "boundary search": search, ORACLE: oracle_rank(x, y)}
+            for name, extra in DESIGNS.items():
+                size = 0 if extra is None else min(x.shape[1] + extra, len(keys))
+                row[name] = statistics.median(trials_to_target(x, y, variance, size, np.random.default_rng(s),
+                                                               args.trials) for s in range(args.seeds))
+            rows.append(row)
+    if not rows:
+        print("error: no synthetic table in these results has a noise-free median; give search_efficiency.py results "
+              "on synthetic tables", file=sys.stderr)
+        return 2
     summary = Table(title=f"trials to 98% of the best noise-free value ({len(rows)} table-budgets, medians of "
                           f"{args.seeds} seeds; the designs get the placement free)")
     for column in ("strategy", "mean", "median", f"above {TARGET_TRIALS}", "worst", "with a trap: above"):

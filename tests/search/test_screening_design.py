@@ -5,6 +5,7 @@ alone."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +67,18 @@ def test_the_oracle_ranks_by_main_effects_fitted_to_the_whole_table(monkeypatch)
     trap = np.array([-0.5 if key[0] == 16 or key[1] == "q4_0" or key[2] == "none" else 0.0 for key in KEYS])
     trap[KEYS.index((16, "q4_0", "none"))] = 0.05
     assert sd.oracle_rank(x, trap) == 18
+
+
+def test_bad_results_files_are_one_line_errors(monkeypatch, tmp_path, capsys):
+    """A missing file, a file that is not JSON, JSON that is no results list and results on measured tables only
+    (no noise-free values to score against): exit 2 with one line naming the fix, no traceback."""
+    sd = _module(monkeypatch)
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "dict.json").write_text('{"table": "t.csv"}')
+    measured = [{"table": "h100-35b.csv", "kind": "measured", "budget_mib": 8192.0,
+                 "boundary": {"median_noise_free": None}}]
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    for name in ("missing.json", "bad.json", "dict.json", "measured.json"):
+        assert sd.main([str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and "give" in err
