@@ -34,6 +34,7 @@ import argparse
 import itertools
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from scipy import stats
 from synthetic_tables import synthetic_table
 
 from autoinfer.engines.replay import parameter_columns, read_table
+from autoinfer.errors import UserError
 from autoinfer.search.boundary import DEVICE_NEUTRAL, MEMORY_NEUTRAL
 
 TABLES = Path(__file__).resolve().parent / "tables"
@@ -131,6 +133,9 @@ def retest(first: Path, second: Path) -> dict:
     runs = [read_table(path) for path in (first, second)]
     keys = parameter_columns(runs[0])
     matched = runs[0].merge(runs[1], on=keys, suffixes=("_a", "_b"))
+    if len(matched) < 2:
+        raise UserError(f"{first.name} and {second.name} share {len(matched)} configurations; --retest takes one "
+                        "grid measured twice (make_table.py with the same --grid and --fixed)")
     ratio = np.log(matched["tg_b"] / matched["tg_a"])
     pp_ratio = np.log(matched["pp_b"] / matched["pp_a"])
 
@@ -153,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="one grid measured twice: the spread between processes and each run's drift")
     ap.add_argument("--out", type=Path, help="also write the tables as Markdown")
     args = ap.parse_args(argv)
+    try:
+        retests = [retest(a, b) for a, b in args.retest or []]
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     scratch = tempfile.TemporaryDirectory(prefix="synthetic-tables-")
     tables = list(args.table or [TABLES / "h100-35b-knobs.csv", TABLES / "h100-35b-load.csv"])
     tables += [synthetic_table(Path(scratch.name), s) for s in (args.synthetic or range(8))]
@@ -175,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"{100 * b['faster_5pct']:.0f}% | {b['max_ratio']:.2f} |")
     lines += ["", "| table | knob effects on log(tg) at a fixed GPU share (± 2 SE) |", "|---|---|"]
     lines += [f"| {r['table']} | {'; '.join(r['effects'])} |" for r in results]
-    if args.retest:
+    if retests:
         lines += ["", f"| tables | matched rows | log ratio sd (one process) | largest log ratio | pp moves with it "
                       f"(r) | drift over {DRIFT_ROWS} rows: first run | second run |", "|---|---|---|---|---|---|---|"]
-        for r in (retest(a, b) for a, b in args.retest):
+        for r in retests:
             lines.append(f"| {r['tables']} | {r['rows']} | {r['sd']:.3f} ({r['sd'] / math.sqrt(2):.3f}) | "
                          f"{r['largest']:.2f} | {r['pp_correlation']:.2f} | "
                          + " | ".join(f"{lo:+.3f} / {hi:+.3f}" for lo, hi in r["drift"]) + " |")
