@@ -35,11 +35,10 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
-from search_efficiency import TARGET_TRIALS, scored
+from search_efficiency import TARGET_TRIALS, fastest_combinations, knob_columns, scored
 from synthetic_tables import synthetic_table
 
-from autoinfer.engines.replay import noise_free_path, parameter_columns
-from autoinfer.search.boundary import GPU_SHARE
+from autoinfer.engines.replay import noise_free_path
 from autoinfer.search.effects import PRIOR_SD
 from autoinfer.sweep.replay_cli import TARGET
 
@@ -52,13 +51,10 @@ ORACLE = "oracle: whole-table main effects"
 def knob_speeds(table: Path, budget: float) -> tuple[list[tuple], np.ndarray, float]:
     """(knob combinations, log noise-free speed of each at its fastest feasible share, a measurement's variance)."""
     goal = scored(table, budget, "tg")
-    knobs = [c for c in parameter_columns(goal.df) if c not in GPU_SHARE]
-    feasible = goal.target.notna()
-    fastest = goal.reference[feasible].groupby([goal.df.loc[feasible, k] for k in knobs]).max().dropna()
-    keys = [k if isinstance(k, tuple) else (k,) for k in fastest.index]
+    fastest = fastest_combinations(goal, knob_columns(goal))
     sds = pd.read_csv(noise_free_path(table)).iloc[0]
     variance = sds["tg_process_sd"] ** 2 + sds["tg_repetition_sd"] ** 2 / REPETITIONS
-    return keys, np.log(fastest.to_numpy()), float(variance)
+    return list(fastest), np.log(np.array(list(fastest.values()))), float(variance)
 
 
 def main_effects(keys: list[tuple]) -> np.ndarray:

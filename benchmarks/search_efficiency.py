@@ -256,11 +256,10 @@ def traps(goal: Goals, neighbours: bool = False) -> int | None:
     values). None without noise-free values."""
     if goal.reference is None:
         return None
-    knobs = [c for c in parameter_columns(goal.df) if c not in GPU_SHARE]
+    knobs = knob_columns(goal)
     if not knobs:
         return 0
-    value = goal.reference.groupby([goal.df[k] for k in knobs]).max().dropna()
-    fastest = {key if isinstance(key, tuple) else (key,): v for key, v in value.items()}
+    fastest = fastest_combinations(goal, knobs)
     levels = {k: sorted(goal.df[k].dropna().unique().tolist(), key=lambda v: (str(type(v)), v)) for k in knobs}
 
     def moves(key: tuple) -> list[tuple]:
@@ -275,6 +274,17 @@ def traps(goal: Goals, neighbours: bool = False) -> int | None:
 
     best = max(fastest.values())
     return sum(v < TARGET * best and all(fastest[m] <= v for m in moves(key)) for key, v in fastest.items())
+
+
+def knob_columns(goal: Goals) -> list[str]:
+    """The searched parameters other than the GPU share."""
+    return [c for c in parameter_columns(goal.df) if c not in GPU_SHARE]
+
+
+def fastest_combinations(goal: Goals, knobs: list[str]) -> dict[tuple, float]:
+    """Each feasible combination of the knobs' values at its fastest feasible GPU share, by noise-free value."""
+    value = goal.reference.groupby([goal.df[k] for k in knobs]).max().dropna()
+    return {key if isinstance(key, tuple) else (key,): v for key, v in value.items()}
 
 
 def oracle_trials(free: pd.Series, hit: pd.Series, draws: int = 201) -> float:
