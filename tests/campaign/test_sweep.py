@@ -139,7 +139,10 @@ def test_resume_after_sigkill_keeps_finished_trials_and_reruns_the_interrupted_o
         while time.monotonic() < deadline and proc.poll() is None:  # one trial finished, the next running its params
             time.sleep(0.2)
             states = trial_states(db)
-            if any(state == "COMPLETE" for state, _ in states) and states[-1][0] == "RUNNING" and states[-1][1]:
+            chosen = max((n for state, n in states if state == "COMPLETE"), default=0)
+            # every parameter chosen, as many as a finished trial has: killed between two suggestions, the trial
+            # would hold only some, and its retry rightly samples the rest
+            if chosen and states[-1][0] == "RUNNING" and states[-1][1] >= chosen:
                 break
         else:
             pytest.fail("the sweep never had a finished and a running trial")
