@@ -20,6 +20,8 @@
    of its knob does (of an ordered knob: like its measured neighbours, and along their trend), with the prior's
    spread; a move already measured worse from an earlier incumbent is not measured again, nor one whose re-fitted
    placement costs more than the knobs can win back. An improvement moves the incumbent and the moves restart from it.
+   For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
+   come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
    whole-layer placement is faster.
 4. Model. Then the combination of knob values at the boundary most likely to beat the incumbent, while that
@@ -67,6 +69,11 @@ KNOB_ORDER = ("threads", "load_mode", "ubatch", "placement", "type_k", "type_v",
               "model")
 PATTERN_PREFERENCE = ("last", "first", "even")  # llama.cpp's own fit leaves the last layers' experts in RAM
 MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
+# A decode step is one token: these size the prompt's batches (and the compute buffers, hence the placement), not the
+# step (autoinfer/model/performance.py; measured at a fixed placement on an H100, ubatch moved tg by +3.0 ± 4.0% and
+# +0.9 ± 5.5%, benchmarks/table_structure.py). For a decode-only objective their moves come after the others unless
+# the memory they free is predicted to buy a faster placement.
+PROMPT_ONLY = frozenset({"batch", "ubatch"})
 DEVICE_NEUTRAL = frozenset({"load_mode", "repack"})  # change host buffers, not the GPU's
 BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next trial bisects instead
 PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
@@ -150,6 +157,7 @@ class Boundary:
         rank = {n: i for i, n in enumerate(KNOB_ORDER)}
         self.knobs = sorted((n for n in dists if n not in self.share), key=lambda n: (rank.get(n, len(rank)), n))
         self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
+        self.deferred = PROMPT_ONLY if set(self.weights) == {"tg"} else frozenset()
         self.sampler = campaign.sampler.name
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
@@ -241,12 +249,14 @@ class Boundary:
                 gain, sd = self._gain(params, incumbent, effects)
                 chance = _chance(gain, sd)
                 if chance > GATE:  # chances within a percent are a tie: the knob order decides
-                    moves.append((-round(chance, 2), rank, knob, value, params, gain, sd, why))
+                    later = knob in self.deferred and self._placed(params, incumbent) <= 0.0
+                    moves.append((later, -round(chance, 2), rank, knob, value, params, gain, sd, why))
         if not moves:
             return None
-        _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:2])
+        later, _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:3])
+        after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
         return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
-                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){why}")
+                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}")
 
     def _combinations(self, incumbent: Seen, seen: list[Seen], asked: list[dict], tried: set[str],
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
@@ -279,14 +289,17 @@ class Boundary:
     def _gain(self, params: dict[str, Any], incumbent: Seen, effects: KnobEffects) -> tuple[float, float]:
         """Predicted log(score / incumbent's score) and its standard deviation: the performance model's ratio
         for the two placements times the knob effects' ratio."""
+        mean, sd = effects.diff({k: params.get(k) for k in self.knobs}, {k: incumbent.params.get(k) for k in self.knobs})
+        return self._placed(params, incumbent) + mean, sd
+
+    def _placed(self, params: dict[str, Any], incumbent: Seen) -> float:
+        """The performance model's log ratio of the two configurations' scores (0 where it has none)."""
         config = self._config(params)
         perf = self.perf.get(str(config.model))
         ref = perf if incumbent.config is None else self.perf.get(str(incumbent.config.model))
-        placed = 0.0
-        if perf is not None and ref is not None and incumbent.config is not None:
-            placed = math.log(perf.score(config, self.weights)) - math.log(ref.score(incumbent.config, self.weights))
-        mean, sd = effects.diff({k: params.get(k) for k in self.knobs}, {k: incumbent.params.get(k) for k in self.knobs})
-        return placed + mean, sd
+        if perf is None or ref is None or incumbent.config is None:
+            return 0.0
+        return math.log(perf.score(config, self.weights)) - math.log(ref.score(incumbent.config, self.weights))
 
     def _effects(self, seen: list[Seen]) -> KnobEffects:
         """The knob effects fitted to every measured configuration's score over the performance model's."""

@@ -103,13 +103,13 @@ def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
     assert t.outcome == "ok" and t.tg_samples
 
 
-def _table_sweep(tmp_path: Path, rows: list[dict], trials: int):
+def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str | dict = "tg"):
     table = tmp_path / "knobs.csv"
     pd.DataFrame(rows).to_csv(table, index=False)
     df = read_table(table)
     campaign = parse_campaign({
         "name": "knobs", "engine": "replay", "engine_options": {"table": str(table), "seed": 0},
-        "model": str(table), "space": _space(df, parameter_columns(df)), "objective": "tg",
+        "model": str(table), "space": _space(df, parameter_columns(df)), "objective": objective,
         "budget": {"trials": trials}, "sampler": {"name": "tpe", "seed": 0},
         "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
     }, str(table))
@@ -148,6 +148,24 @@ def test_a_value_two_steps_along_an_ordered_knob_is_a_move(tmp_path):
     four = next(t for t in measured if t.params["threads"] == 4)
     assert four.search_reason.startswith("local: threads 16 → 4"), reasons
     assert four.params == {"threads": 4, "type_k": "f16"} and four.number <= 3, reasons
+
+
+@pytest.mark.parametrize("objective", ["tg", {"tg": 0.5, "pp": 0.5}])
+def test_prompt_only_knobs_move_last_for_a_decode_objective(tmp_path, objective):
+    """ubatch sizes the prompt's batches, not a decode step: for tg its moves wait until threads and the K cache
+    have been moved (their order before is the knob order, ubatch before type_k); where the prompt counts, ubatch
+    moves in its turn."""
+    rows = [{"threads": t, "ubatch": u, "type_k": k, "pp": 500.0 * u / 512,
+             "tg": 100.0 * (1.05 if t == 16 else 1) * (1.04 if k == "q8_0" else 1)}
+            for t in (8, 16) for u in (256, 512, 1024) for k in ("f16", "q8_0")]
+    for r in rows:
+        r["tg_samples"] = " ".join(f"{r['tg'] * f:.2f}" for f in (0.99, 1.0, 1.01))
+        r["pp_samples"] = " ".join(f"{r['pp'] * f:.2f}" for f in (0.99, 1.0, 1.01))
+    measured = _measured(_table_sweep(tmp_path, rows, trials=6, objective=objective))
+    reasons = [t.search_reason for t in measured]
+    first_ubatch = min(i for i, r in enumerate(reasons) if r.startswith("local: ubatch"))
+    first_type_k = min(i for i, r in enumerate(reasons) if r.startswith("local: type_k"))
+    assert (first_ubatch > first_type_k) == (objective == "tg"), reasons
 
 
 def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that_fit(tmp_path, monkeypatch):
