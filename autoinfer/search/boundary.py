@@ -165,6 +165,7 @@ class Boundary:
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
         learn(self.memory, self.campaign, study)
+        Store(study).write_study(search_notes=tuple(self.ctx.notes + self._notes()))
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
@@ -175,6 +176,25 @@ class Boundary:
     def observe(self, study: optuna.Study) -> None:
         learn(self.memory, self.campaign, study)
         self._queue(study)
+
+    def _notes(self) -> list[str]:
+        """For `status`: how many trials one pass of one-knob moves takes against the trial budget (on synthetic
+        tables the search missed its 12-trial target mostly where the knobs had ten moves or more,
+        benchmarks/results/search-efficiency.md), and which knobs move last."""
+        notes = []
+        moves = {k: len(self.values[k]) - 1 for k in self.knobs if len(self.values[k]) > 1}
+        if moves:
+            total, budget = sum(moves.values()), self.campaign.budget.trials
+            listed = ", ".join(f"{k} {n}" for k, n in moves.items())
+            short = "" if budget > total else ": the budget ends before every knob value has been measured once"
+            notes.append(f"{total} one-knob moves ({listed}): one pass over them takes at least {total + 1} trials, "
+                         f"the budget {budget}{short}")
+        deferred = [k for k in moves if k in self.deferred]
+        if deferred:
+            notes.append(f"objective tg: {' and '.join(deferred)} move after the other knobs unless the memory they "
+                         "free is predicted to buy a faster placement (they size the prompt's batches, not a decode "
+                         "step)")
+        return notes
 
     # -- proposals -----------------------------------------------------------------------------------------
     def _queue(self, study: optuna.Study) -> None:

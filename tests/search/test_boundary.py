@@ -103,14 +103,14 @@ def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
     assert t.outcome == "ok" and t.tg_samples
 
 
-def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str | dict = "tg"):
+def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str | dict = "tg", constraints=None):
     table = tmp_path / "knobs.csv"
     pd.DataFrame(rows).to_csv(table, index=False)
     df = read_table(table)
     campaign = parse_campaign({
         "name": "knobs", "engine": "replay", "engine_options": {"table": str(table), "seed": 0},
         "model": str(table), "space": _space(df, parameter_columns(df)), "objective": objective,
-        "budget": {"trials": trials}, "sampler": {"name": "tpe", "seed": 0},
+        "budget": {"trials": trials}, "constraints": constraints or {}, "sampler": {"name": "tpe", "seed": 0},
         "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
     }, str(table))
     return sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
@@ -166,6 +166,21 @@ def test_prompt_only_knobs_move_last_for_a_decode_objective(tmp_path, objective)
     first_ubatch = min(i for i, r in enumerate(reasons) if r.startswith("local: ubatch"))
     first_type_k = min(i for i, r in enumerate(reasons) if r.startswith("local: type_k"))
     assert (first_ubatch > first_type_k) == (objective == "tg"), reasons
+
+
+def test_status_shows_what_the_search_knows_of_the_space(tmp_path):
+    """The search's notes reach `status` under the boundary strategy too: the missing shape (no memory model), how
+    many trials one pass of one-knob moves takes against the budget, and which knobs move last."""
+    rows = [{"threads": t, "ubatch": u, "type_k": k, "tg": 100.0, "pp": 500.0, "vram_mib": 1000.0 + u,
+             "tg_samples": "99 100 101", "pp_samples": "499 500 501"}
+            for t in (8, 16) for u in (256, 512, 1024) for k in ("f16", "q8_0")]
+    console = Console(record=True, width=400)
+    print_status(console, _table_sweep(tmp_path, rows, trials=4, constraints={"vram_mib": 4096}))
+    text = console.export_text()
+    assert "no model shape for knobs.csv" in text, text
+    assert ("4 one-knob moves (threads 1, ubatch 2, type_k 1): one pass over them takes at least 5 trials, the "
+            "budget 4: the budget ends before every knob value has been measured once") in text, text
+    assert "objective tg: ubatch move after the other knobs" in text, text
 
 
 def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that_fit(tmp_path, monkeypatch):
