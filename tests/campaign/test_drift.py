@@ -150,24 +150,31 @@ def test_planted_load_makes_the_anchor_drift_and_requeues_the_trials(llama_tools
     kept = Store(study).study_record()
     anchors = kept.drift.anchors
     assert anchors[0].label == "start" and anchors[0].after_trial == 0 and not anchors[0].drifted
-    under_load = next(a for a in anchors if a.after_trial == 1)
-    assert under_load.drifted and under_load.ratio is not None, anchors
+    checked = [a for a in anchors if a.after_trial == 1]  # the run under load and the recheck a drifted run gets
+    assert checked[0].drifted and checked[0].ratio is not None, anchors
 
-    # Under the load the anchor is slower than its reference and trial 1 is flagged; when other work on a shared
-    # host slowed the reference even more, the anchor is faster, the reference is replaced and trial 0 is flagged.
-    suspect = 1 if under_load.ratio < 1 else 0
+    # Under the load both runs are slower than the reference and trial 1 is flagged. When other work on the shared
+    # host slowed the reference (trial 0's own run), a loaded run may land inside its band, which is judged one
+    # process's outlier, and the unloaded anchors after it, faster, replace the reference and flag trial 0. A
+    # clean-clone CI run ended so: the first anchor under load slower than the reference, trial 1 not flagged (its
+    # recheck was inside the band) and trial 0 flagged (only a replaced reference flags it).
+    slow = len(checked) == 2 and all(a.drifted and a.ratio is not None and a.ratio < 1 for a in checked)
+    rebased = any(a.rebased for a in anchors)
+    assert slow or rebased, anchors
     flagged = flagged_trials(study)
-    assert suspect in flagged
+    assert (not slow or 1 in flagged) and (not rebased or 0 in flagged), (flagged, anchors)
     trials = Store(study).records()
-    retry = [t for t in trials if t.remeasure_of == suspect]
-    assert len(retry) == 1 and retry[0].params == trials[suspect].params
-    assert retry[0].state == optuna.trial.TrialState.COMPLETE  # measured before the sweep ended, outside the budget
+    for number in flagged - {t.number for t in trials if t.is_remeasurement}:
+        retry = [t for t in trials if t.remeasure_of == number]
+        assert len(retry) == 1 and retry[0].params == trials[number].params
+        assert retry[0].state == optuna.trial.TrialState.COMPLETE  # measured before the sweep ended, outside budget
     assert sum(t.is_finished and not t.is_remeasurement for t in trials) == 4
     assert trials[1].idle["own_cpu_percent"] > 1  # the planted load, seen and recorded
     rec = recommend(study)
     assert rec is not None and rec.trial not in flagged
-    event = kept.drift.events[0]
-    assert event.after_trial == 1 and suspect in event.flagged
+    events = kept.drift.events
+    assert not slow or any(e.after_trial == 1 and 1 in e.flagged for e in events), events
+    assert not rebased or any(0 in e.flagged for e in events), events
 
     status = CliRunner().invoke(app, ["status", "--study", "drift-e2e"], terminal_width=200)
     assert status.exit_code == 0, status.output
