@@ -131,6 +131,9 @@ def structure(table: Path, budgets: list[float]) -> dict:
 def retest(first: Path, second: Path) -> dict:
     """The same grid measured twice (module docstring)."""
     runs = [read_table(path) for path in (first, second)]
+    if not all("cpu_expert_layers" in df for df in runs):
+        raise UserError(f"{first.name} and {second.name}: --retest needs a cpu_expert_layers column in both, the GPU "
+                        "share each run's drift is measured within (make_table.py --grid cpu_expert_layers=...)")
     keys = parameter_columns(runs[0])
     matched = runs[0].merge(runs[1], on=keys, suffixes=("_a", "_b"))
     if len(matched) < 2:

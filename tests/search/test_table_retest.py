@@ -37,14 +37,15 @@ def test_retest_reports_the_spread_between_processes_and_each_runs_drift(monkeyp
 
 
 def test_retest_of_two_different_grids_or_a_missing_table_is_a_one_line_error(monkeypatch, tmp_path, capsys):
-    """Two tables with no configuration in common, or a table that does not exist: exit 2 before any table is
-    analysed, one line naming the fix."""
+    """Two tables with no configuration in common, a table that does not exist, or tables without the GPU share the
+    drift is measured within: exit 2 before any table is analysed, one line naming the fix."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from table_structure import main
 
     for name, layers in (("a.csv", [0, 1]), ("b.csv", [2, 3])):
         pd.DataFrame({"cpu_expert_layers": layers, "tg": 1.0, "pp": 1.0}).to_csv(tmp_path / name, index=False)
-    for second in ("b.csv", "missing.csv"):
+    pd.DataFrame({"threads": [1, 2], "tg": 1.0, "pp": 1.0}).to_csv(tmp_path / "no-share.csv", index=False)
+    for second in ("b.csv", "missing.csv", "no-share.csv"):
         assert main(["--retest", str(tmp_path / "a.csv"), str(tmp_path / second)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err
