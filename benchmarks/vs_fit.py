@@ -80,8 +80,9 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
 
 def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path, log) -> tuple[TrialConfig, dict]:
     """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`. The drift anchor
-    is off and the confirmation is of two finalists without extra rounds: the interleaved comparison that follows
-    is the check across processes, and the GPU time goes to it."""
+    is off and the confirmation is of two finalists (and the sweep's own llama-fit-params baseline) without
+    extra rounds: the interleaved comparison that follows is the check across processes, and the GPU time goes to
+    it."""
     spec = yaml.safe_load(CAMPAIGN.read_text())
     spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
     spec["constraints"]["vram_mib"] = budget

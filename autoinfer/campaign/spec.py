@@ -108,7 +108,9 @@ class Search(StrictModel):
     # informed: the earlier fixed start (largest placement predicted to fit, its neighbours), then the sampler
     strategy: Literal["boundary", "informed"] = "boundary"
     neighbours: int = Field(4, ge=0)
-    fit_params: bool = True  # add llama-fit-params' answer for the same budget as a labelled baseline trial
+    # measure llama-fit-params' answer for the same budget as a labelled baseline trial (asked again for less after
+    # an overshoot, search/fit_baseline.py) and confirm it beside the leaders
+    fit_params: bool = True
     skip_predicted: bool = True  # record configurations confidently over the budget as predicted_infeasible
     z: float = Field(2.0, ge=0)  # "confidently": the prediction minus z standard deviations is still over
     prune_below: float | None = Field(0.5, gt=0, lt=1)  # cut a trial whose first repetition is below this × best

@@ -118,15 +118,21 @@ def tensor_device(name: str, layer: int | None, n_layers: int, rules: Sequence[O
     return devices[n_layers if layer is None or layer > n_layers else layer]
 
 
+def layer_of(tensor_name: str) -> int | None:
+    """The repeating layer a tensor belongs to (blk.N.…); None outside them."""
+    m = _LAYER.match(tensor_name)
+    return int(m.group(1)) if m else None
+
+
 def layers_on_cpu(patterns: Sequence[str], tensor_names: Sequence[str]) -> frozenset[int]:
     """The layers all of whose routed-expert tensors a CPU override matches (llama.cpp: first matching rule wins)."""
     rules = parse_overrides(patterns)
     per_layer: dict[int, list[bool]] = {}
     for name in tensor_names:
-        m = _LAYER.match(name)
-        if m and re.search(EXPERT_TENSORS, name):
+        layer = layer_of(name)
+        if layer is not None and re.search(EXPERT_TENSORS, name):
             rule = next((r for r in rules if r.regex.search(name)), None)
-            per_layer.setdefault(int(m.group(1)), []).append(rule is not None and rule.device is None)
+            per_layer.setdefault(layer, []).append(rule is not None and rule.device is None)
     return frozenset(i for i, flags in per_layer.items() if all(flags))
 
 

@@ -1,5 +1,9 @@
 """The search that starts from what is known: the memory boundary first, then few moves of the other knobs.
 
+0. Baseline. On a GPU budget llama-fit-params' answer is measured first, asked again for less while it is over the
+   budget (search/fit_baseline.py): llama.cpp's own fit is what the answer has to beat, and its peak is a measured
+   one next to the budget. One that runs llama-fit-params' raw overrides (part of a layer in RAM) is left out of
+   what the steps below reason about: its parameters do not name its placement.
 1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials look for the
    placement (GPU layers, expert layers in RAM, splits) with the highest predicted speed (performance model)
    whose predicted peak (memory model, calibrated on every measured peak) is within the budget, or, next to a
@@ -57,9 +61,11 @@ from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects, numeric
+from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.search.strategy import SAMPLED, learn
 from autoinfer.store import trials as store
+from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Store, record_of, write_trial
 
 GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "tensor_split", "expert_split")
@@ -159,6 +165,7 @@ class Boundary:
         self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
         self.deferred = PROMPT_ONLY if set(self.weights) == {"tg"} else frozenset()
         self.sampler = campaign.sampler.name
+        self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
 
@@ -206,16 +213,54 @@ class Boundary:
         spent = sum((t.is_finished or t.state == TrialState.RUNNING) and not t.is_remeasurement for t in trials)
         if spent >= self.campaign.budget.trials:
             return
+        if self.fit_baseline:
+            baseline = self._fit_baseline(study, trials)
+            if baseline is not None:
+                params, fields = baseline
+                Store(study).enqueue(params, **fields)
+                return
         choice = self.propose(study)
         if choice is not None:
             again = {"again_of": choice.again_of} if choice.again_of is not None else {}
             Store(study).enqueue(choice.params, search_reason=choice.reason, **again)
 
+    def _fit_baseline(self, study: optuna.Study, trials: list[TrialRecord]) -> tuple[dict, dict] | None:
+        """llama-fit-params' answer to measure next (search/fit_baseline.py): first, so the memory model's first
+        measured peak is one next to the budget and the sweep's answer is compared with it; asked again after an
+        overshoot. None once it fitted, failed or gave up, with a note saying why."""
+        earlier = fit_trials(trials)
+        budget, why = next_budget(self.ctx, earlier)
+        answer: tuple[dict, dict] | str
+        if budget is None:
+            answer = f"llama-fit-params baseline: {why}"
+        else:
+            others = self._typical()
+            path = self.models[others["model"]] if "model" in others else next(iter(self.models.values()))
+            answer = fit_params_trial(self.ctx, path, self.values, others, budget)
+            if not isinstance(answer, str) and any(self._same(answer[0]) == self._same(t.params) and
+                                                   t.fit_override_tensors == answer[1].get("fit_override_tensors")
+                                                   for t in earlier):
+                answer = f"llama-fit-params gave the same answer for {budget:.0f} MiB as before: no other baseline"
+        if isinstance(answer, str):
+            if why != WAITING:
+                self.fit_baseline = False
+                self.ctx.notes.append(answer)
+                Store(study).write_study(search_notes=tuple(self.ctx.notes + self._notes()))
+            return None
+        params, fields = answer
+        label = fit_label(self.ctx, budget)
+        after = "" if not earlier else (f" (asked for less by what the answers of trial(s) "
+                                        f"{', '.join(str(t.number) for t in earlier)} overshot the budget, plus "
+                                        f"{FIT_SLACK_MIB} MiB each)")
+        Store(study).write_study(search_notes=tuple(self.ctx.notes + self._notes()))
+        return params, {**fields, "label": label, "search_reason": f"{label}: what llama.cpp's own fit runs, the "
+                                                                   f"answer to beat{after}"}
+
     def propose(self, study: optuna.Study) -> Choice | None:
         """The next configuration to measure and why; None when only the sampler is left."""
         seen = self._seen(study)
-        asked = [s.params for s in seen] + [t.params for t in study.get_trials(
-            deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))]
+        asked = [s.params for s in seen] + [t.params for t in Store(study).records(
+            states=(TrialState.RUNNING, TrialState.WAITING)) if t.fit_override_tensors is None]
         tried = {self._same(p) for p in asked}
         self._calibrate(seen)
         self._memo = {}
@@ -537,7 +582,9 @@ class Boundary:
         out = []
         budget = self.ctx.budget_mib
         weights = self.campaign.objective_weights()
-        trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale and t.params]
+        # a baseline running llama-fit-params' own overrides is not the placement its parameters name
+        trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale and t.params
+                  and t.fit_override_tensors is None]
         pooled: dict[str, dict[str, list[float]]] = {}
         runs: dict[str, int] = {}
         for t in trials:

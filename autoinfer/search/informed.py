@@ -6,27 +6,18 @@ baseline, and a campaign with `search.informed: false` gets its screening withou
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import optuna
 
 from autoinfer.engines.base import Measurement, TrialConfig
-from autoinfer.model.placement import (
-    FOLLOW_LAYERS,
-    PLACEMENT_KEYS,
-    cpu_expert_layers,
-    layers_on_cpu,
-    parse_overrides,
-    realize,
-)
+from autoinfer.model.placement import PLACEMENT_KEYS, cpu_expert_layers, realize
 from autoinfer.search.context import SearchContext, allowed, typical
+from autoinfer.search.fit_baseline import fit_label, fit_params_trial
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.search.strategy import learn
 from autoinfer.store.trials import Store
 
-#: Keys of an informed trial's parameters that are llama-fit-params' own answer, recorded on the trial (TrialRecord)
-FIT_KEYS = ("fit_override_tensors", "fit_tensor_split")
 PLACEMENT_PARAMS = ("n_gpu_layers", "n_cpu_moe", *PLACEMENT_KEYS)
 
 
@@ -70,12 +61,18 @@ class InformedStart:
             queued += [(p, "informed: neighbour") for p in rest[: self.ctx.campaign.search.neighbours]]
         else:
             self.ctx.notes.append(f"no placement in the space is predicted to fit in {self.ctx.budget_mib:.0f} MiB")
-        baseline = self.fit_params_trial(path, model_name, searched) if self.ctx.campaign.search.fit_params else None
-        if baseline is not None:
-            queued.insert(1, baseline)
+        fit: dict[str, Any] = {}
+        if self.ctx.campaign.search.fit_params and self.ctx.side == "device":
+            answer = fit_params_trial(self.ctx, path, searched, self._typical_params(searched, model_name),
+                                      self.ctx.budget_mib)
+            if isinstance(answer, str):
+                self.ctx.notes.append(answer)
+            else:
+                params, fit = answer
+                queued.insert(1, (params, fit_label(self.ctx, self.ctx.budget_mib)))
         for params, label in queued:
-            fit = {key: params.pop(key) for key in FIT_KEYS if key in params}
-            study_store.enqueue(params, skip_if_exists=True, label=label, **fit)
+            fields = fit if label == fit_label(self.ctx, self.ctx.budget_mib) else {}
+            study_store.enqueue(params, skip_if_exists=True, label=label, **fields)
         study_store.write_study(search_notes=tuple(self.ctx.notes))
         return len(queued)
 
@@ -143,44 +140,3 @@ class InformedStart:
             combo = {k: v for k, v in zip(knobs, (ncmoe, pattern, count)) if v is not None}
             seen.setdefault(frozenset(layers), (len(layers), combo))
         return sorted(seen.values(), key=lambda s: s[0])
-
-    def fit_params_trial(self, path: str, model_name: str,
-                         searched: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-        """llama-fit-params' placement for the same budget, as searched parameters (or raw overrides)."""
-        if self.ctx.side != "device":
-            return None
-        fixed, m = self.ctx.campaign.fixed(), self.ctx.campaign.measure
-        answer = self.ctx.engine.baseline(Path(path), self.ctx.campaign.constraints.vram_mib, m.n_prompt + m.n_gen,
-                                      fixed.get("batch", 2048), fixed.get("ubatch", 512))
-        if isinstance(answer, str):
-            self.ctx.notes.append(answer)
-            return None
-        ngl, patterns, split = answer.n_gpu_layers, answer.override_tensors, answer.tensor_split
-        self.ctx.notes.append(f"llama-fit-params: {answer.how} → -ngl {ngl}, {len(patterns)} override(s)"
-                          + (f", -ts {split}" if split else ""))
-        shape = self.ctx.shapes[path]
-        layers = layers_on_cpu(patterns, shape.tensor_names)
-        params = self._typical_params(searched, model_name)
-        if "n_gpu_layers" in searched:
-            params["n_gpu_layers"] = ngl if ngl in (allowed(self.ctx.campaign, "n_gpu_layers") or []) else max(
-                allowed(self.ctx.campaign, "n_gpu_layers"))
-        last = cpu_expert_layers("last", len(layers), shape.n_layers)
-        only_cpu = all(r.device is None for r in parse_overrides(patterns))  # no per-GPU overrides
-        if only_cpu and set(last) == set(layers) and "last" in (allowed(self.ctx.campaign, "placement") or []) \
-                and len(layers) in (allowed(self.ctx.campaign, "cpu_expert_layers") or []):
-            params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})
-        else:
-            for name in ("n_cpu_moe", "cpu_expert_layers"):
-                if name in searched:
-                    params[name] = min(allowed(self.ctx.campaign, name))
-            if "placement" in searched:
-                params["placement"] = allowed(self.ctx.campaign, "placement")[0]
-            params["fit_override_tensors"] = tuple(patterns)
-        if FOLLOW_LAYERS in (allowed(self.ctx.campaign, "expert_split") or []):  # as llama-fit-params placed them
-            params["expert_split"] = FOLLOW_LAYERS
-        if split is not None:
-            if "tensor_split" in searched:
-                params["tensor_split"] = allowed(self.ctx.campaign, "tensor_split")[0]
-            params["fit_tensor_split"] = split
-        per_gpu = f" per GPU on {self.ctx.n_gpus} GPUs" if self.ctx.n_gpus > 1 else ""
-        return params, f"baseline: llama-fit-params for {self.ctx.campaign.constraints.vram_mib:.0f} MiB{per_gpu}"

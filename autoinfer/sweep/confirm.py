@@ -27,6 +27,7 @@ from autoinfer.campaign.spec import Confirm as ConfirmSpec
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.measure.stats import bootstrap_ci, compare, holm
 from autoinfer.paths import results_dir
+from autoinfer.search.fit_baseline import is_fit_trial
 from autoinfer.store import trials as store
 from autoinfer.store.records import (
     Alternative,
@@ -42,7 +43,8 @@ from autoinfer.sweep.drift import flagged_trials
 
 
 def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[TrialRecord]:
-    """The best `top_k` feasible successful trials with distinct configurations, drift-flagged ones left out."""
+    """The best `top_k` feasible successful trials with distinct configurations, drift-flagged ones left out, and
+    the best llama-fit-params baseline among them or beside them: what the answer has to beat is measured with it."""
     flagged = flagged_trials(study)
     scored = []
     for t in Store(study).records(states=(TrialState.COMPLETE,)):
@@ -61,7 +63,16 @@ def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> lis
             out.append(t)
         if len(out) == top_k:
             break
+    baseline = next((t for _, t in scored if is_fit_trial(t)), None)
+    if baseline is not None and repr(sorted(baseline.config.items())) not in seen:
+        out.append(baseline)
     return out
+
+
+def finalist_label(chosen: dict[int, TrialRecord]) -> Callable[[int], str]:
+    """Names a finalist, the llama-fit-params baseline as such."""
+    fit = {n for n, t in chosen.items() if is_fit_trial(t)}
+    return lambda n: f"trial {n}" + (" (llama-fit-params' answer)" if n in fit else "")
 
 
 def _memory(runs: list[ConfirmRun]) -> tuple[float, str]:
@@ -206,16 +217,19 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
     if len(chosen) < 2:
         note(f"confirmation skipped: {len(chosen)} successful configuration(s), at least 2 are needed")
         return None
-    note(f"confirming the top {len(chosen)} configurations: {spec.rounds} interleaved rounds in fresh processes "
-         f"(up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
+    label = finalist_label(chosen)
+    fit = [n for n, t in chosen.items() if is_fit_trial(t)]
+    beside = (f" (trial {fit[0]}, llama-fit-params' answer, is the baseline)" if fit else "")
+    note(f"confirming the top {len(chosen)} configurations{beside}: {spec.rounds} interleaved rounds in fresh "
+         f"processes (up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"
     runs, rounds = interleave(list(chosen), lambda n, r: run(chosen[n].trial_config, folder / f"round{r}-trial{n}"),
                               spec, weights, note)
     study_store = Store(study)
     record = judge({n: t.params for n, t in chosen.items()}, runs, rounds, spec, weights,
-                   sum(1 for t in study_store.records() if t.is_finished))
+                   sum(1 for t in study_store.records() if t.is_finished), label)
     study_store.write_study(confirmed=record)
-    note(summary(record))
+    note(summary(record, label))
     return record
 
 

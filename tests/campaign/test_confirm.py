@@ -17,9 +17,10 @@ from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, results_dir
+from autoinfer.search.fit_baseline import FIT_LABEL
 from autoinfer.store import trials as store
 from autoinfer.sweep import runner
-from autoinfer.sweep.confirm import decide, finalists, precise_enough, ratio_line
+from autoinfer.sweep.confirm import decide, finalist_label, finalists, precise_enough, ratio_line
 from autoinfer.sweep.recommend import recommend
 
 # ------------------------------------------------------------------------------------------------ campaign keys
@@ -118,6 +119,22 @@ def test_finalists_are_distinct_feasible_and_not_drift_flagged(tmp_path):
     study.set_user_attr("drift_flagged", [3])  # as a study stores it
     chosen = finalists(study, {"tg": 1.0}, top_k=3)
     assert [t.number for t in chosen] == [2, 0]
+
+
+def test_llama_fit_params_answer_is_confirmed_beside_the_leaders():
+    """The answer to beat is measured in the same interleaved rounds, whatever its rank, and named as such."""
+    study = optuna.create_study(direction="maximize")
+    dist = {"threads": CategoricalDistribution([1, 2, 3, 4, 5])}
+    for threads, tg in ((1, 40.0), (2, 90.0), (3, 95.0), (4, 80.0), (5, 70.0)):
+        label = {"label": f"{FIT_LABEL} for 8192 MiB"} if threads == 1 else {}
+        study.add_trial(create_trial(
+            params={"threads": threads}, distributions=dist, value=tg, state=TrialState.COMPLETE,
+            user_attrs={"outcome": "ok", "tg_samples": [tg], "config": {"model": "m", "threads": threads}, **label}))
+    chosen = finalists(study, {"tg": 1.0}, top_k=3)
+    assert [t.number for t in chosen] == [2, 1, 3, 0]
+    label = finalist_label({t.number: t for t in chosen})
+    assert label(0) == "trial 0 (llama-fit-params' answer)" and label(2) == "trial 2"
+    assert [t.number for t in finalists(study, {"tg": 1.0}, top_k=5)] == [2, 1, 3, 4, 0]  # among them: once
 
 
 # ------------------------------------------------------------------------------------------------ real runs
