@@ -75,6 +75,12 @@ def finalist_label(chosen: dict[int, TrialRecord]) -> Callable[[int], str]:
     return lambda n: f"trial {n}" + (" (llama-fit-params' answer)" if n in fit else "")
 
 
+def stored_summary(study: optuna.Study, record: Confirmation) -> str:
+    """summary() of a study's stored confirmation, its finalists named as the sweep named them."""
+    study_store = Store(study)
+    return summary(record, finalist_label({f.trial: study_store.record(f.trial) for f in record.finalists}))
+
+
 def _memory(runs: list[ConfirmRun]) -> tuple[float, str]:
     """The memory a configuration needs: median device peak, or host RSS where no device memory was measured."""
     vram = [r.vram_peak_mib for r in runs if r.vram_peak_mib is not None]

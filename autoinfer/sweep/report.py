@@ -16,7 +16,7 @@ from autoinfer.search.status import status_rows
 from autoinfer.store.records import Confirmation, ContestRecord, DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
-from autoinfer.sweep.confirm import finalists, summary
+from autoinfer.sweep.confirm import finalists, stored_summary, summary
 from autoinfer.sweep.diagnosis import diagnose
 from autoinfer.sweep.drift import status_line
 from autoinfer.sweep.recommend import Recommendation, as_best, recommend
@@ -69,7 +69,7 @@ def print_status(console: Console, study: optuna.Study) -> None:
             table.add_row("estimated left", f"{statistics.mean(walls) * (budget - len(finished)):.0f} s")
     rec = recommend(study)
     confirmed = kept.confirmed
-    table.add_row("confirmed", f"{summary(confirmed)} (measured after {confirmed.after_trials} trials)"
+    table.add_row("confirmed", f"{stored_summary(study, confirmed)} (measured after {confirmed.after_trials} trials)"
                   if confirmed else _unconfirmed(study, campaign, len(finished) >= budget))
     if (drift := status_line(study)) is not None:
         table.add_row("drift anchor", drift)
@@ -160,7 +160,7 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
     console.print(f"  {rec.why}", markup=False, highlight=False)
     if confirmed := Store(study).study_record().confirmed:
-        console.print(f"  {summary(confirmed)}", markup=False, highlight=False)
+        console.print(f"  {stored_summary(study, confirmed)}", markup=False, highlight=False)
     console.print(f"  objective:        {_speed(rec)}")
     console.print(f"  generation tok/s: {measured(t, best.confirmation, 'tg')}")
     console.print(f"  prompt tok/s:     {measured(t, best.confirmation, 'pp')}")

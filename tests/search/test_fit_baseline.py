@@ -4,10 +4,12 @@ answers from a planted table the way the real one missed on an H100 (its answer'
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines import base
@@ -18,6 +20,7 @@ from autoinfer.search.context import SearchContext
 from autoinfer.search.fit_baseline import FIT_LABEL, fit_params_trial
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE
+from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
 
 from .planted import N_LAYERS, planted_table
@@ -102,3 +105,17 @@ def test_a_partial_layer_runs_as_llama_fit_params_wrote_it(planted):
     params, fields = fit_params_trial(ctx, str(planted), searched, {"ubatch": 512}, BUDGET)
     assert fields == {"fit_override_tensors": partial} and params["cpu_expert_layers"] == 0
     assert rf"\.{EXPERT_TENSORS}=CPU" in partial[1]
+
+
+def test_status_names_llama_fit_params_answer_in_the_confirmation(planted, monkeypatch):
+    peaks = _last_peaks(planted)
+    count = int(peaks[peaks <= BUDGET].index.min())
+    monkeypatch.setattr(ReplayEngine, "baseline", lambda self, *a: Baseline(
+        41, expert_override(cpu_expert_layers("last", count, N_LAYERS)), None, "stand-in"))
+    spec = {**_spec(planted), "confirm": {"enabled": True, "top_k": 2, "rounds": 3}}
+    study = sweep(parse_campaign(spec), storage=MEMORY_STORAGE, progress=False).study
+    confirmed = Store(study).study_record().confirmed
+    assert 0 in {f.trial for f in confirmed.finalists}  # trial 0, the baseline, whatever its rank
+    console = Console(width=250, record=True, file=io.StringIO())
+    print_status(console, study)
+    assert "trial 0 (llama-fit-params' answer)" in console.export_text()
