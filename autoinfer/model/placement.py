@@ -118,21 +118,25 @@ def tensor_device(name: str, layer: int | None, n_layers: int, rules: Sequence[O
     return devices[n_layers if layer is None or layer > n_layers else layer]
 
 
-def layer_of(tensor_name: str) -> int | None:
-    """The repeating layer a tensor belongs to (blk.N.…); None outside them."""
-    m = _LAYER.match(tensor_name)
-    return int(m.group(1)) if m else None
+def overridden(patterns: Sequence[str], tensor_names: Sequence[str]) -> dict[str, int | None]:
+    """The tensors an override moves, each to the device of the first rule that matches it (None: host memory)."""
+    rules = parse_overrides(patterns)
+    out = {}
+    for name in tensor_names:
+        rule = next((r for r in rules if r.regex.search(name)), None)
+        if rule is not None:
+            out[name] = rule.device
+    return out
 
 
 def layers_on_cpu(patterns: Sequence[str], tensor_names: Sequence[str]) -> frozenset[int]:
     """The layers all of whose routed-expert tensors a CPU override matches (llama.cpp: first matching rule wins)."""
-    rules = parse_overrides(patterns)
+    experts = {name: int(m.group(1)) for name in tensor_names
+               if (m := _LAYER.match(name)) and re.search(EXPERT_TENSORS, name)}
+    moved = overridden(patterns, list(experts))
     per_layer: dict[int, list[bool]] = {}
-    for name in tensor_names:
-        layer = layer_of(name)
-        if layer is not None and re.search(EXPERT_TENSORS, name):
-            rule = next((r for r in rules if r.regex.search(name)), None)
-            per_layer.setdefault(layer, []).append(rule is not None and rule.device is None)
+    for name, layer in experts.items():
+        per_layer.setdefault(layer, []).append(name in moved and moved[name] is None)
     return frozenset(i for i, flags in per_layer.items() if all(flags))
 
 

@@ -10,18 +10,10 @@ follows from the trials, so a resumed sweep goes on where it stopped."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from autoinfer.model.placement import (
-    EXPERT_TENSORS,
-    FOLLOW_LAYERS,
-    cpu_expert_layers,
-    layer_of,
-    layers_on_cpu,
-    parse_overrides,
-)
+from autoinfer.model.placement import FOLLOW_LAYERS, cpu_expert_layers, expert_override, layers_on_cpu, overridden
 from autoinfer.search.context import SearchContext, allowed
 from autoinfer.store.records import TrialRecord
 from autoinfer.trial_config import TrialConfig
@@ -99,8 +91,11 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
     if min(runs, shape.n_layers + 1) != min(ngl, shape.n_layers + 1):
         return (f"llama-fit-params answered -ngl {ngl} for {budget_mib:.0f} MiB, which the campaign's n_gpu_layers "
                 "cannot express: no baseline trial (put that value in the space)")
-    last = cpu_expert_layers("last", len(layers), shape.n_layers)
-    if set(last) == set(layers) and _whole_layers_only(patterns, layers, shape.tensor_names) \
+    # "last N" where it moves the same tensors to the same place; a part of one more layer (llama-fit-params fills
+    # the GPU tensor by tensor: its 12288 MiB answer on an H100 left one layer's down projection in RAM beside 17
+    # whole layers) or a per-GPU override runs as its raw overrides
+    last = expert_override(cpu_expert_layers("last", len(layers), shape.n_layers))
+    if overridden(patterns, shape.tensor_names) == overridden(last, shape.tensor_names) \
             and "last" in (allowed(ctx.campaign, "placement") or []) \
             and len(layers) in (allowed(ctx.campaign, "cpu_expert_layers") or []):
         params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})
@@ -119,16 +114,3 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
         fields["fit_tensor_split"] = split
     return params, fields
 
-
-def _whole_layers_only(patterns: Sequence[str], layers: frozenset[int], tensor_names: Sequence[str]) -> bool:
-    """The overrides put the routed experts of these layers in RAM and nothing else anywhere: the searched placement
-    "last N" says the same. A part of one more layer (llama-fit-params fills the GPU tensor by tensor: its
-    12288 MiB answer on an H100 left one layer's down projection in RAM beside 17 whole layers) or a per-GPU
-    override is not, and runs as its raw overrides."""
-    rules = parse_overrides(patterns)
-    for name in tensor_names:
-        rule = next((r for r in rules if r.regex.search(name)), None)
-        if rule is not None and (rule.device is not None or layer_of(name) not in layers
-                                 or not re.search(EXPERT_TENSORS, name)):
-            return False
-    return True

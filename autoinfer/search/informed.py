@@ -53,25 +53,22 @@ class InformedStart:
             return 0
         model_name = next(iter(self.ctx.models))
         path = self.ctx.models[model_name]
-        queued = []
+        queued: list[tuple[dict[str, Any], str, dict[str, Any]]] = []  # parameters, label, llama-fit-params' fields
         plans = self.placements(path, model_name, searched)
         if plans:
             first, *rest = plans
-            queued.append((first, "informed: largest placement predicted to fit"))
-            queued += [(p, "informed: neighbour") for p in rest[: self.ctx.campaign.search.neighbours]]
+            queued.append((first, "informed: largest placement predicted to fit", {}))
+            queued += [(p, "informed: neighbour", {}) for p in rest[: self.ctx.campaign.search.neighbours]]
         else:
             self.ctx.notes.append(f"no placement in the space is predicted to fit in {self.ctx.budget_mib:.0f} MiB")
-        fit: dict[str, Any] = {}
         if self.ctx.campaign.search.fit_params and self.ctx.side == "device":
             answer = fit_params_trial(self.ctx, path, searched, self._typical_params(searched, model_name),
                                       self.ctx.budget_mib)
             if isinstance(answer, str):
                 self.ctx.notes.append(answer)
             else:
-                params, fit = answer
-                queued.insert(1, (params, fit_label(self.ctx, self.ctx.budget_mib)))
-        for params, label in queued:
-            fields = fit if label == fit_label(self.ctx, self.ctx.budget_mib) else {}
+                queued.insert(1, (answer[0], fit_label(self.ctx, self.ctx.budget_mib), answer[1]))
+        for params, label, fields in queued:
             study_store.enqueue(params, skip_if_exists=True, label=label, **fields)
         study_store.write_study(search_notes=tuple(self.ctx.notes))
         return len(queued)
