@@ -8,11 +8,15 @@ that takes them.
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
+import psutil
+
 from autoinfer.model.placement import FOLLOW_LAYERS, PATTERNS
+from autoinfer.trial_config import TrialConfig
 
 FLASH_ATTN = ("auto", "on", "off")
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
@@ -101,6 +105,15 @@ def llama_preferred_values(device_budget: bool) -> dict[str, Any]:
     in pinned buffers, which op offload copies to the GPU several times faster
     (benchmarks/results/load-mode-h200.md: pp512 2034 vs 435 tok/s, tg 74.6 vs 67.7)."""
     return {"load_mode": "none"} if device_budget else {}
+
+
+def llama_defaults() -> dict[str, Any]:
+    """What llama.cpp runs each TrialConfig knob at when a user sets nothing: the TrialConfig defaults, and for
+    threads its default count on this host, the physical cores (common_cpu_get_num_math; on an Intel hybrid CPU it
+    counts the performance cores only, which psutil cannot tell apart)."""
+    runtime = ("batch", "ubatch", "type_k", "type_v", "flash_attn", "load_mode")
+    out: dict[str, Any] = {f.name: f.default for f in fields(TrialConfig) if f.name in runtime}
+    return {**out, "threads": psutil.cpu_count(logical=False) or os.cpu_count()}
 
 
 def with_placement(knobs: Mapping[str, Knob]) -> dict[str, Knob]:

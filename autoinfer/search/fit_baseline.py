@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from autoinfer.engines.knobs import llama_defaults
 from autoinfer.model.placement import FOLLOW_LAYERS, cpu_expert_layers, expert_override, layers_on_cpu, overridden
 from autoinfer.search.context import SearchContext, allowed
 from autoinfer.store.records import TrialRecord
@@ -63,11 +64,28 @@ def next_budget(ctx: SearchContext, earlier: Sequence[TrialRecord]) -> tuple[flo
     return asked, ""
 
 
+def as_llama_runs_it(ctx: SearchContext, others: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`others` with each knob at llama.cpp's default where the campaign allows that value, as `llama-server --fit on`
+    runs with nothing else set; and the knobs left at the search's values ("threads 12 (llama.cpp's default 16 is not
+    among the campaign's values)"). With the search's starting values instead (-lm none, the middle thread count),
+    fit's 8 GiB answer on an H100 ran 60 tok/s where llama.cpp's defaults ran it at 70: the baseline was not what
+    a user gets from fit, and the sweep's ratio to it was flattered."""
+    params, kept = dict(others), []
+    for knob, default in llama_defaults().items():
+        if knob not in others or others[knob] == default:
+            continue
+        if default in (allowed(ctx.campaign, knob) or []):
+            params[knob] = default
+        else:
+            kept.append(f"{knob} {others[knob]} (llama.cpp's default {default} is not among the campaign's values)")
+    return params, kept
+
+
 def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], others: dict[str, Any],
                      budget_mib: float) -> tuple[dict[str, Any], dict[str, Any]] | str:
     """llama-fit-params' placement when asked for `budget_mib`: the trial's parameters (the placement as searched
-    parameters where the space has it, else the other searched parameters with `others`' values) and the record
-    fields that carry its raw overrides and tensor split; or why there is none."""
+    parameters where the space has it; the other knobs as llama.cpp runs them, else at `others`' values) and the
+    record fields that carry its raw overrides and tensor split; or why there is none."""
     shape = ctx.shapes.get(path)
     if shape is None:
         return f"no model shape for {Path(path).name}: llama-fit-params' answer cannot be placed, no baseline"
@@ -78,10 +96,11 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
     if isinstance(answer, str):
         return answer
     ngl, patterns, split = answer.n_gpu_layers, answer.override_tensors, answer.tensor_split
+    params, kept = as_llama_runs_it(ctx, others)
     ctx.notes.append(f"llama-fit-params for {budget_mib:.0f} MiB: {answer.how} → -ngl {ngl}, {len(patterns)} "
-                     "override(s)" + (f", -ts {split}" if split else ""))
+                     "override(s)" + (f", -ts {split}" if split else "") + "; the other knobs at llama.cpp's defaults"
+                     + (f" except {', '.join(kept)}" if kept else ""))
     layers = layers_on_cpu(patterns, shape.tensor_names)
-    params = dict(others)
     fields: dict[str, Any] = {}
     if "n_gpu_layers" in searched:
         values = allowed(ctx.campaign, "n_gpu_layers") or []
