@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.spec import Campaign
 from autoinfer.campaign.spec import Confirm as ConfirmSpec
 from autoinfer.engines.base import Measurement, TrialConfig
-from autoinfer.measure.stats import bootstrap_ci, compare, holm
+from autoinfer.measure.stats import bootstrap_ci, compare, holm, smallest_p
 from autoinfer.paths import results_dir
 from autoinfer.search.fit_baseline import is_fit_trial
 from autoinfer.store import trials as store
@@ -249,6 +249,12 @@ def summary(record: Confirmation, label: Callable[[int], str] = trial_label) -> 
     ci = f", 95% CI {rec.ci[0]:.2f}–{rec.ci[1]:.2f}" if rec.ci else ""
     lines = [f"confirmed over {record.rounds} interleaved rounds: {label(rec.trial)}, median {rec.median:.2f}{ci}"]
     for c in verdict.comparisons:
-        lines.append("  " + ratio_line(verdict.leader, c.trial, c.ratio, c.ratio_ci, label)
-                     + ("" if c.differ_holm else f" (not different at alpha={record.alpha})"))
+        n, m = len(record.finalist(verdict.leader).scores), len(record.finalist(c.trial).scores)
+        if c.differ_holm:
+            tail = ""
+        elif smallest_p(n, m, record.test) >= record.alpha:  # a narrow ratio CI must not read as a measured tie
+            tail = f" (too few runs to tell apart: {n} against {m} cannot differ at alpha={record.alpha})"
+        else:
+            tail = f" (not different at alpha={record.alpha})"
+        lines.append("  " + ratio_line(verdict.leader, c.trial, c.ratio, c.ratio_ci, label) + tail)
     return "\n".join(lines)

@@ -19,8 +19,9 @@ from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, results_dir
 from autoinfer.search.fit_baseline import FIT_LABEL
 from autoinfer.store import trials as store
+from autoinfer.store.records import ConfirmRun
 from autoinfer.sweep import runner
-from autoinfer.sweep.confirm import decide, finalist_label, finalists, precise_enough, ratio_line
+from autoinfer.sweep.confirm import decide, finalist_label, finalists, judge, precise_enough, ratio_line, summary
 from autoinfer.sweep.recommend import recommend
 
 # ------------------------------------------------------------------------------------------------ campaign keys
@@ -94,6 +95,21 @@ def test_a_few_kib_of_memory_do_not_outweigh_a_faster_median():
     wide = {"alpha": 0.05, "test": "mannwhitney", "speed_tolerance": 0.5}  # 7's median is within 50% of 9's
     assert decide(scores, memory, memory_tolerance=0.02, **wide).recommended == 9
     assert decide(scores, memory, **wide).recommended == 7
+
+
+@pytest.mark.parametrize("fast, slow, tail", [
+    ([72.0, 73.0, 71.0], [60.0, 61.0, 59.0], "(too few runs to tell apart: 3 against 3 cannot differ at alpha=0.05)"),
+    ([72.0, 73.0, 71.0, 72.5, 71.5], [60.0, 61.0, 59.0, 60.5, 59.5], ""),
+    ([72.0, 61.0, 71.0, 60.5, 71.5], [60.0, 73.0, 59.0, 72.5, 59.5], "(not different at alpha=0.05)")])
+def test_the_ratio_line_says_when_the_runs_were_too_few_to_differ(fast, slow, tail):
+    """Three runs a side can never reject at 0.05 (Mann-Whitney's smallest p is 0.1): a clear ratio with a narrow
+    CI beside "not different" read as a measured tie (a sweep on an H100: "1.18 ± 0.08 times faster ... (not
+    different at alpha=0.05)")."""
+    runs = [ConfirmRun(r, n, "ok", "", x, (x,), (), 1000.0, 1000.0, False)
+            for n, xs in ((0, fast), (1, slow)) for r, x in enumerate(xs)]
+    record = judge({0: {}, 1: {}}, runs, len(fast), _campaign().confirm, {"tg": 1.0}, None)
+    line = summary(record).splitlines()[-1]
+    assert line.startswith("  trial 0 ran") and line.endswith("times faster than trial 1" + (" " + tail if tail else ""))
 
 
 def test_finalist_without_two_successful_runs_is_not_judged():
@@ -226,7 +242,7 @@ def test_too_few_rounds_is_a_tie_and_the_objective_still_decides(llama_tools, ti
     assert all(m is not None and m > 0 for m in memory.values())
     assert record["recommended"] == record["leader"]
     flat = " ".join(result.output.split())  # the console wraps long lines
-    assert "times faster than trial" in flat and "not different at alpha=0.05" in flat
+    assert "times faster than trial" in flat and "3 against 3 cannot differ at alpha=0.05" in flat
     tg = [statistics.median(r["tg_samples"]) for r in record["runs"] if r["trial"] == record["recommended"]]
     headline = f"generation tok/s: {statistics.median(tg):.2f} over 3 confirmation runs"  # before the search's run
     assert headline in result.output, result.output
