@@ -3,7 +3,9 @@
 0. Baseline. On a GPU budget llama-fit-params' answer is measured first, asked again for less while it is over the
    budget (search/fit_baseline.py): llama.cpp's own fit is what the answer has to beat, and its peak is a measured
    one next to the budget. One that runs llama-fit-params' raw overrides (part of a layer in RAM) is left out of
-   what the steps below reason about: its parameters do not name its placement.
+   what the steps below reason about: its parameters do not name its placement. Such a placement is grafted onto
+   the incumbent's knobs instead (search/graft.py) when that is likelier to beat the incumbent than the best local
+   move.
 1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials look for the
    placement (GPU layers, expert layers in RAM, splits) with the highest predicted speed (performance model)
    whose predicted peak (memory model, calibrated on every measured peak) is within the budget, or, next to a
@@ -48,7 +50,7 @@ import itertools
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -62,6 +64,7 @@ from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
+from autoinfer.search.graft import graft
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.search.strategy import SAMPLED, learn
 from autoinfer.store import trials as store
@@ -144,6 +147,8 @@ class Choice:
     params: dict[str, Any]
     reason: str
     again_of: int | None = None  # a configuration measured again on purpose (its first trial)
+    chance: float | None = None  # to beat the incumbent, where a model gave one
+    fields: dict[str, Any] = field(default_factory=dict)  # record fields of a trial running raw overrides (graft)
 
 
 class Boundary:
@@ -166,6 +171,7 @@ class Boundary:
         self.deferred = PROMPT_ONLY if set(self.weights) == {"tg"} else frozenset()
         self.sampler = campaign.sampler.name
         self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
+        self.grafts = self.fit_baseline  # its placement with the search's knobs (search/graft.py)
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
 
@@ -222,7 +228,7 @@ class Boundary:
         choice = self.propose(study)
         if choice is not None:
             again = {"again_of": choice.again_of} if choice.again_of is not None else {}
-            Store(study).enqueue(choice.params, search_reason=choice.reason, **again)
+            Store(study).enqueue(choice.params, search_reason=choice.reason, **again, **choice.fields)
 
     def _fit_baseline(self, study: optuna.Study, trials: list[TrialRecord]) -> tuple[dict, dict] | None:
         """llama-fit-params' answer to measure next (search/fit_baseline.py): first, so the memory model's first
@@ -281,6 +287,11 @@ class Boundary:
             return None
         effects = self._effects(seen)
         local = self._local(incumbent, base, seen, tried, effects)
+        grafted = graft(Store(study).records(), incumbent.number, incumbent.params, incumbent.score, self.knobs,
+                        effects, self.memory, self.ctx.budget_mib, self.campaign.objective_weights(), self._modelled,
+                        _chance) if self.grafts else None
+        if grafted is not None and grafted.chance > GATE and (local is None or grafted.chance > local.chance):
+            return Choice(grafted.params, grafted.reason, chance=grafted.chance, fields=grafted.fields)
         if local is not None:
             return local
         combos = sorted(self._combinations(incumbent, seen, asked, tried, effects), key=lambda c: -_chance(c[1], c[2]))
@@ -321,7 +332,8 @@ class Boundary:
         later, _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:3])
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
         return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
-                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}")
+                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}",
+                      chance=_chance(gain, sd))
 
     def _combinations(self, incumbent: Seen, seen: list[Seen], asked: list[dict], tried: set[str],
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
@@ -359,12 +371,14 @@ class Boundary:
 
     def _placed(self, params: dict[str, Any], incumbent: Seen) -> float:
         """The performance model's log ratio of the two configurations' scores (0 where it has none)."""
-        config = self._config(params)
-        perf = self.perf.get(str(config.model))
-        ref = perf if incumbent.config is None else self.perf.get(str(incumbent.config.model))
-        if perf is None or ref is None or incumbent.config is None:
+        return 0.0 if incumbent.config is None else self._modelled(self._config(params), incumbent.config)
+
+    def _modelled(self, config: TrialConfig, other: TrialConfig) -> float:
+        """The performance model's log ratio of two configurations' scores (0 where it has none)."""
+        perf, ref = self.perf.get(str(config.model)), self.perf.get(str(other.model))
+        if perf is None or ref is None:
             return 0.0
-        return math.log(perf.score(config, self.weights)) - math.log(ref.score(incumbent.config, self.weights))
+        return math.log(perf.score(config, self.weights)) - math.log(ref.score(other, self.weights))
 
     def _effects(self, seen: list[Seen]) -> KnobEffects:
         """The knob effects fitted to every measured configuration's score over the performance model's."""

@@ -19,6 +19,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autoinfer.engines.base import Decision, Outcome, TrialConfig
+from autoinfer.model.placement import PLACEMENT_KEYS
 
 
 def _floats(value: Any) -> tuple[float, ...]:
@@ -234,6 +235,16 @@ class TrialRecord:
     def value(self) -> float | None:
         """The single objective's value of a complete trial (None for a Pareto study's several values)."""
         return self.values[0] if self.values is not None and len(self.values) == 1 else None
+
+    @property
+    def shown_params(self) -> dict[str, Any]:
+        """The parameters as they ran, for people: a trial running llama-fit-params' raw overrides names them in
+        place of the placement parameters it carries only to be a point of the space (search/fit_baseline.py)."""
+        if self.fit_override_tensors is None:
+            return dict(self.params)
+        kept = {k: v for k, v in self.params.items() if k not in (*PLACEMENT_KEYS, "n_cpu_moe", "tensor_split")}
+        split = {"tensor_split": self.fit_tensor_split} if self.fit_tensor_split is not None else {}
+        return {"override_tensors": f"llama-fit-params' {len(self.fit_override_tensors)}", **split, **kept}
 
     @property
     def trial_config(self) -> TrialConfig:

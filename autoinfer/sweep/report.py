@@ -83,7 +83,7 @@ def print_status(console: Console, study: optuna.Study) -> None:
         table.add_row("recommended", f"none: {failed.line()}" if failed else "no feasible successful trial yet")
     else:
         t = study_store.record(rec.trial)
-        table.add_row("recommended", f"trial {t.number}: {_params(t.params)}")
+        table.add_row("recommended", f"trial {t.number}: {_params(t.shown_params)}")
         table.add_row("  why", rec.why)
         table.add_row("  objective", _speed(rec))
         table.add_row("  tg tok/s", measured(t, confirmed if rec.confirmed else None, "tg"))
@@ -157,7 +157,7 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     t = best.trial
     if rec.busy:
         console.print(f"\n[bold red]busy machine:[/bold red] {rec.busy}", highlight=False)
-    console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.params)}")
+    console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.shown_params)}")
     console.print(f"  {rec.why}", markup=False, highlight=False)
     if confirmed := Store(study).study_record().confirmed:
         console.print(f"  {stored_summary(study, confirmed)}", markup=False, highlight=False)

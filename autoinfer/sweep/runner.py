@@ -262,7 +262,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                                   f"queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
                     continue
                 repeated = 0
-                view.start(trial.number, params)
+                view.start(trial.number, asked.shown_params)
                 skipped = (engine_refuses(engine, config) or quality_gate.annotate(trial, config, qualities, campaign)
                            or strategy.screen(trial, config))
                 if skipped is not None:  # recorded, costs no measurement, not counted against the budget

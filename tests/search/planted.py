@@ -44,6 +44,13 @@ def shape_35b() -> ModelShape:
                       recurrent_state_bytes=4 * 32 * 128 * 128, tensors=tuple(tensors))
 
 
+def planted_speeds(experts_cpu: float, whole: int, spread: bool, ubatch: int) -> tuple[float, float]:
+    """Noise-free tg and pp: GPU reads, CPU reads of the experts of `experts_cpu` layers (a fraction for part of
+    a layer), a whole-layer penalty, and a spread placement's cost; pp also grows with ubatch."""
+    t = 1 / 240 + experts_cpu * 0.0003 + whole * 0.0016 + (0.0002 if spread else 0)
+    return 1 / t, 9000 / (1 + experts_cpu * 0.02 + whole * 0.06) * (1 + 0.15 * np.log2(ubatch / 512))
+
+
 def planted_table(folder: Path, seed: int = 0) -> Path:
     """Write planted.csv (+ planted.shape.json) into folder: n_gpu_layers × placement × cpu_expert_layers × ubatch."""
     rng = np.random.default_rng(seed)
@@ -58,11 +65,7 @@ def planted_table(folder: Path, seed: int = 0) -> Path:
                                          extra=(("placement", placement), ("cpu_expert_layers", count)))
                     cpu_layers = set(cpu_expert_layers(placement, count, N_LAYERS))
                     whole = max(N_LAYERS + 1 - ngl, 0)  # whole layers on the CPU
-                    experts_cpu = len(cpu_layers | set(range(whole)))
-                    # seconds per token: GPU reads + CPU reads of active experts + whole-layer penalty
-                    t = 1 / 240 + experts_cpu * 0.0003 + whole * 0.0016 + (0.0002 if placement == "even" else 0)
-                    tg = 1 / t
-                    pp = 9000 / (1 + experts_cpu * 0.02 + whole * 0.06) * (1 + 0.15 * np.log2(ubatch / 512))
+                    tg, pp = planted_speeds(len(cpu_layers | set(range(whole))), whole, placement == "even", ubatch)
                     vram = truth.predict(config).mib * 1.04 + 250 + rng.normal(0, 30)
                     tg_s = tg * (1 + rng.normal(0, 0.04, 5))
                     pp_s = pp * (1 + rng.normal(0, 0.1, 5))

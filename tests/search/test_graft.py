@@ -1,0 +1,73 @@
+"""llama-fit-params' tensor-level placement grafted onto the search's knobs (search/graft.py). llama-fit-params and
+a run of its raw overrides need a GPU, so stand-ins answer from the planted table's own truth: the memory the
+planted table's peaks were drawn from and its speed formula, with the part of a layer in RAM counted by its bytes."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from autoinfer.campaign.spec import parse_campaign
+from autoinfer.engines.base import Baseline, Measurement, Outcome
+from autoinfer.engines.replay import ReplayEngine
+from autoinfer.model.memory import MemoryModel
+from autoinfer.model.placement import expert_override
+from autoinfer.store.trials import MEMORY_STORAGE, Store
+from autoinfer.sweep.replay_cli import OFFLINE
+from autoinfer.sweep.report import print_status
+from autoinfer.sweep.runner import sweep
+
+from .planted import N_LAYERS, planted_speeds, planted_table, shape_35b
+
+BUDGET = 13100.0  # the last 20 layers' experts in RAM fit at ubatch 512, not at 1024; fit's answer fits at both
+WHOLE = 20
+PARTIAL = (rf"blk\.{N_LAYERS - WHOLE - 1}\.ffn_(down|gate)_exps.*=CPU", *expert_override(range(N_LAYERS - WHOLE,
+                                                                                               N_LAYERS)))
+PART = (220 + 151) / (151 + 151 + 220)  # down and gate: the share of that layer's expert bytes left in RAM
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return planted_table(tmp_path_factory.mktemp("planted"))
+
+
+def test_fit_placement_is_grafted_onto_the_knobs_the_search_found(planted, monkeypatch):
+    truth = MemoryModel(shape_35b(), "device")
+    ran = []
+
+    def run(self, config, ctx):
+        if not config.override_tensors:
+            return replay(self, config, ctx)
+        ran.append(config)  # llama-fit-params' overrides, as llama-bench would run them
+        tg, pp = planted_speeds(WHOLE + PART, 0, False, config.ubatch)
+        return Measurement(Outcome.OK, tg_samples=(tg,) * 3, pp_samples=(pp,) * 3,
+                           vram_peak_mib=truth.predict(config).mib * 1.04 + 250)
+
+    replay = ReplayEngine.run
+    monkeypatch.setattr(ReplayEngine, "run", run)
+    monkeypatch.setattr(ReplayEngine, "baseline", lambda self, *a: Baseline(41, PARTIAL, None, "stand-in"))
+    spec = {"name": "graft", "engine": "replay", "engine_options": {"table": str(planted)}, "model": str(planted),
+            "space": {"n_gpu_layers": 41, "placement": ["first", "last", "even"],
+                      "cpu_expert_layers": {"low": 0, "high": N_LAYERS, "step": 2}, "ubatch": [256, 512, 1024]},
+            "constraints": {"vram_mib": BUDGET}, "budget": {"trials": 8}, "objective": "pp",
+            "search": {"informed": True, "strategy": "boundary", "fit_params": True}, **OFFLINE}
+    study = sweep(parse_campaign(spec), storage=MEMORY_STORAGE, progress=False).study
+    trials = Store(study).records()
+    assert trials[0].fit_override_tensors == PARTIAL and trials[0].is_feasible_ok and trials[0].params["ubatch"] == 512
+    grafts = [t for t in trials if str(t.search_reason or "").startswith("graft:")]
+    assert len(grafts) == 1, [t.search_reason for t in trials]
+    g = grafts[0]
+    assert g.fit_override_tensors == PARTIAL and g.is_feasible_ok and g.params["ubatch"] == 1024
+    assert [c.ubatch for c in ran] == [512, 1024]  # the baseline, then the graft, each run with fit's overrides
+    assert f"trial 0's placement (llama-fit-params' {len(PARTIAL)} overrides)" in g.search_reason
+    assert "ubatch 512 → 1024" in g.search_reason
+    incumbent = int(g.search_reason.split("with trial ")[1].split("'s knobs")[0])
+    assert trials[incumbent].params["ubatch"] == 1024 and trials[incumbent].fit_override_tensors is None
+    console = Console(width=250, record=True, file=io.StringIO())
+    print_status(console, study)
+    assert max((t for t in trials if t.is_feasible_ok), key=lambda t: t.value).number == g.number
+    # recommended, and named by what it ran, not by the placement parameters it carries to be a point of the space
+    assert f"trial {g.number}: override_tensors=llama-fit-params' {len(PARTIAL)} ubatch=1024" in console.export_text()
