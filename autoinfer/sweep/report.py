@@ -19,6 +19,7 @@ from autoinfer.sweep import deploy
 from autoinfer.sweep.confirm import finalists, stored_summary, summary
 from autoinfer.sweep.diagnosis import diagnose
 from autoinfer.sweep.drift import status_line
+from autoinfer.sweep.progress import describe
 from autoinfer.sweep.recommend import Recommendation, as_best, recommend
 
 
@@ -83,7 +84,7 @@ def print_status(console: Console, study: optuna.Study) -> None:
         table.add_row("recommended", f"none: {failed.line()}" if failed else "no feasible successful trial yet")
     else:
         t = study_store.record(rec.trial)
-        table.add_row("recommended", f"trial {t.number}: {_params(t.shown_params)}")
+        table.add_row("recommended", f"trial {t.number}: {describe(t.shown_params)}")
         table.add_row("  why", rec.why)
         table.add_row("  objective", _speed(rec))
         table.add_row("  tg tok/s", measured(t, confirmed if rec.confirmed else None, "tg"))
@@ -113,10 +114,6 @@ def _unconfirmed(study: optuna.Study, campaign, budget_spent: bool) -> str:
 def _speed(rec: Recommendation) -> str:
     ci = f", 95% CI {rec.ci[0]:.2f}–{rec.ci[1]:.2f}" if rec.ci else ""
     return f"{rec.speed:.2f} (median of {rec.runs} run(s){ci})"
-
-
-def _params(params: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items()) or "(fixed configuration)"
 
 
 def _memory(t: TrialRecord) -> str:
@@ -157,7 +154,7 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     t = best.trial
     if rec.busy:
         console.print(f"\n[bold red]busy machine:[/bold red] {rec.busy}", highlight=False)
-    console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {_params(t.shown_params)}")
+    console.print(f"\n[bold]recommended for study {study.study_name!r}[/bold]: trial {t.number}  {describe(t.shown_params)}")
     console.print(f"  {rec.why}", markup=False, highlight=False)
     if confirmed := Store(study).study_record().confirmed:
         console.print(f"  {stored_summary(study, confirmed)}", markup=False, highlight=False)
