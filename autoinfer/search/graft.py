@@ -6,9 +6,10 @@ left one layer's down projection in RAM beside 17 whole layers, read 3.5% fewer 
 sweep's 18 whole layers, and ran 1.07x as fast (CI 0.94-1.18), while the sweep's knobs (no mmap: pinned host experts)
 ran the prompt 3.6x faster (benchmarks/results/vs-fit-h100.md). Neither answer had both. A graft is one trial: the
 best measured trial of that placement (the baseline or an earlier graft) with the incumbent's knobs, when the knob
-effects give it a chance to beat the incumbent and its peak, carried over from the measured one by the memory
-model's predicted difference, fits the budget. It runs the raw overrides like the baseline, so the boundary search
-leaves it out of what it reasons about and it is judged by its score, in the confirmation among the others."""
+effects give it a chance to beat the incumbent and its peak, carried over by the memory model's predicted difference
+from the surest measured peak of that placement (an earlier graft's over the budget included), fits the budget. It
+runs the raw overrides like the baseline, so the boundary search leaves it out of what it reasons about and it is
+judged by its score, in the confirmation among the others."""
 
 from __future__ import annotations
 
@@ -55,18 +56,14 @@ def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict
         return None  # measured, running or queued already
     if "model" in knobs and incumbent_params.get("model") != base.params.get("model"):
         return None  # the overrides name one model's tensors
-    if base.config is None or base.vram_peak_mib is None:
+    if base.config is None:
         return None
     ran = base.trial_config
     config = TrialConfig.from_params({**ran.to_params(), **moved})
-    peak = base.vram_peak_mib
-    if budget is not None:
-        diff = memory.difference(config, ran)
-        if diff is None:
-            return None
-        peak += diff[0]
-        if peak > budget:
-            return None
+    peak = _carried(config, [t for t in raw if t.fit_override_tensors == base.fit_override_tensors
+                             and t.fit_tensor_split == base.fit_tensor_split], memory)
+    if budget is not None and (peak is None or peak > budget):
+        return None
     mean, sd = effects.diff(moved, {k: base.params.get(k) for k in moved})
     gain = math.log(score / incumbent_score) + modelled(config, ran) + mean
     p = chance(gain, sd)
@@ -74,8 +71,22 @@ def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict
     reason = (f"graft: trial {base.number}'s placement (llama-fit-params' {len(base.fit_override_tensors)} "
               f"overrides) with trial {incumbent}'s knobs ({changed}), predicted ×{math.exp(gain):.2f} ± {sd:.2f} of "
               f"trial {incumbent} ({p:.0%} to beat it)"
-              + (f", peak {peak:.0f} MiB of {budget:.0f} carried over from its measured one" if budget else ""))
+              + (f", peak {peak:.0f} MiB of {budget:.0f} carried over from the measured ones" if budget else ""))
     fields = {"fit_override_tensors": base.fit_override_tensors}
     if base.fit_tensor_split is not None:
         fields["fit_tensor_split"] = base.fit_tensor_split
     return Graft({**base.params, **moved}, fields, p, reason)
+
+
+def _carried(config: TrialConfig, same: Sequence[TrialRecord], memory: MemoryScreen) -> float | None:
+    """The peak of `config` carried over from the measured peak of the trial of the same overrides whose predicted
+    difference to it is the surest, over the budget or not: a graft measured over the budget makes the next one with
+    like knobs predicted over too, instead of each knob value costing a trial over it."""
+    best: tuple[float, float] | None = None
+    for t in same:
+        if t.vram_peak_mib is None or t.config is None:
+            continue
+        diff = memory.difference(config, t.trial_config)
+        if diff is not None and (best is None or diff[1] < best[1]):
+            best = (t.vram_peak_mib + diff[0], diff[1])
+    return None if best is None else best[0]

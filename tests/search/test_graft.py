@@ -8,13 +8,18 @@ import io
 from pathlib import Path
 
 import pytest
+from optuna.trial import TrialState
 from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
-from autoinfer.engines.base import Baseline, Measurement, Outcome
+from autoinfer.engines.base import Baseline, Measurement, Outcome, TrialConfig
 from autoinfer.engines.replay import ReplayEngine
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.placement import expert_override
+from autoinfer.search.effects import KnobEffects
+from autoinfer.search.graft import graft
+from autoinfer.search.memory_screen import MemoryScreen
+from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE
 from autoinfer.sweep.report import print_status
@@ -71,3 +76,26 @@ def test_fit_placement_is_grafted_onto_the_knobs_the_search_found(planted, monke
     assert max((t for t in trials if t.is_feasible_ok), key=lambda t: t.value).number == g.number
     # recommended, and named by what it ran, not by the placement parameters it carries to be a point of the space
     assert f"trial {g.number}: override_tensors=llama-fit-params' {len(PARTIAL)} ubatch=1024" in console.export_text()
+
+
+def test_a_graft_measured_over_the_budget_makes_the_next_like_one_predicted_over(tmp_path):
+    """The next graft's peak is carried over from the measured peak of the same placement whose predicted difference
+    is surest, an over-budget graft included: the baseline alone (ubatch 512, well within) would put ubatch 1024 with
+    other threads within the budget again, one trial over it for each thread count."""
+    model = tmp_path / "m.gguf"
+    memory = MemoryScreen(ctx=None, models={str(model): MemoryModel(shape_35b(), "device")})
+
+    def trial(number, ubatch, threads, peak, outcome):
+        config = TrialConfig(model=model, ubatch=ubatch, threads=threads, override_tensors=PARTIAL)
+        return TrialRecord(number, TrialState.COMPLETE, params={"ubatch": ubatch, "threads": threads},
+                           values=(7000.0,), config=config.to_params(), outcome=outcome, pp_samples=(7000.0,) * 3,
+                           tg_samples=(50.0,) * 3, vram_peak_mib=peak, fit_override_tensors=PARTIAL)
+
+    effects = KnobEffects({"ubatch": [256, 512, 1024], "threads": [8, 16]}).fit([])
+    base = trial(0, 512, 16, 12400.0, "ok")
+    args = (3, {"ubatch": 1024, "threads": 8}, 6500.0, ["ubatch", "threads"], effects, memory, BUDGET, {"pp": 1.0},
+            lambda a, b: 0.0, lambda gain, sd: 0.9)
+    first = graft([base], *args)
+    assert first is not None and first.params == {"ubatch": 1024, "threads": 8}
+    over = trial(1, 1024, 16, BUDGET + 400.0, "infeasible")  # an earlier graft, measured over
+    assert graft([base, over], *args) is None
