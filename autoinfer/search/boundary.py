@@ -225,7 +225,7 @@ class Boundary:
                 params, fields = baseline
                 Store(study).enqueue(params, **fields)
                 return
-        choice = self.propose(study)
+        choice = self.propose(trials)
         if choice is not None:
             again = {"again_of": choice.again_of} if choice.again_of is not None else {}
             Store(study).enqueue(choice.params, search_reason=choice.reason, **again, **choice.fields)
@@ -262,11 +262,13 @@ class Boundary:
         return params, {**fields, "label": label, "search_reason": f"{label}: what llama.cpp's own fit runs, the "
                                                                    f"answer to beat{after}"}
 
-    def propose(self, study: optuna.Study) -> Choice | None:
-        """The next configuration to measure and why; None when only the sampler is left."""
-        seen = self._seen(study)
-        asked = [s.params for s in seen] + [t.params for t in Store(study).records(
-            states=(TrialState.RUNNING, TrialState.WAITING)) if t.fit_override_tensors is None]
+    def propose(self, trials: list[TrialRecord]) -> Choice | None:
+        """The next configuration to measure and why, from the study's `trials`; None when only the sampler is
+        left."""
+        seen = self._seen(trials)
+        pending = (TrialState.RUNNING, TrialState.WAITING)
+        asked = [s.params for s in seen] + [t.params for t in trials
+                                            if t.state in pending and t.fit_override_tensors is None]
         tried = {self._same(p) for p in asked}
         self._calibrate(seen)
         self._memo = {}
@@ -287,7 +289,7 @@ class Boundary:
             return None
         effects = self._effects(seen)
         local = self._local(incumbent, base, seen, tried, effects)
-        grafted = graft(Store(study).records(), incumbent.number, incumbent.params, incumbent.score, self.knobs,
+        grafted = graft(trials, incumbent.number, incumbent.params, incumbent.score, self.knobs,
                         effects, self.memory, self.ctx.budget_mib, self.campaign.objective_weights(), self._modelled,
                         _chance) if self.grafts else None
         if grafted is not None and grafted.chance > GATE and (local is None or grafted.chance > local.chance):
@@ -590,14 +592,14 @@ class Boundary:
         pred = self.memory.predict(config)
         return pred.mib if pred is not None else None
 
-    def _seen(self, study: optuna.Study) -> list[Seen]:
-        """The finished trials; the score, tg and pp of a configuration measured more than once pool the samples
-        of all its successful trials."""
+    def _seen(self, records: list[TrialRecord]) -> list[Seen]:
+        """The finished ones of a study's trials; the score, tg and pp of a configuration measured more than once
+        pool the samples of all its successful trials."""
         out = []
         budget = self.ctx.budget_mib
         weights = self.campaign.objective_weights()
         # a baseline running llama-fit-params' own overrides is not the placement its parameters name
-        trials = [t for t in Store(study).records() if t.state.is_finished() and not t.stale and t.params
+        trials = [t for t in records if t.state.is_finished() and not t.stale and t.params
                   and t.fit_override_tensors is None]
         pooled: dict[str, dict[str, list[float]]] = {}
         runs: dict[str, int] = {}

@@ -51,8 +51,9 @@ def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict
         return None
     score, base = max(scored, key=lambda st: st[0])
     moved = {k: incumbent_params[k] for k in knobs if k not in NOT_GRAFTED and k in incumbent_params}
-    if any(t.fit_override_tensors == base.fit_override_tensors and t.fit_tensor_split == base.fit_tensor_split
-           and all(t.params.get(k) == v for k, v in moved.items()) for t in raw):
+    same = [t for t in raw if t.fit_override_tensors == base.fit_override_tensors
+            and t.fit_tensor_split == base.fit_tensor_split]  # that placement's trials
+    if any(all(t.params.get(k) == v for k, v in moved.items()) for t in same):
         return None  # measured, running or queued already
     if "model" in knobs and incumbent_params.get("model") != base.params.get("model"):
         return None  # the overrides name one model's tensors
@@ -60,8 +61,7 @@ def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict
         return None
     ran = base.trial_config
     config = TrialConfig.from_params({**ran.to_params(), **moved})
-    peak = _carried(config, [t for t in raw if t.fit_override_tensors == base.fit_override_tensors
-                             and t.fit_tensor_split == base.fit_tensor_split], memory)
+    peak = _carried(config, same, memory)
     if budget is not None and (peak is None or peak > budget):
         return None
     mean, sd = effects.diff(moved, {k: base.params.get(k) for k in moved})
