@@ -204,7 +204,7 @@ def study_frame(study: optuna.Study) -> pd.DataFrame:
 def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | None]) -> pd.DataFrame:
     """GB of weights on the GPU and in RAM (total and read per token) and the whole layers left on the CPU, from
     each model's GGUF byte accounting of the trial's placement (its -ngl, -ncmoe and overrides, and the campaign's
-    placement parameters `placement`/`cpu_expert_layers`/`expert_split` realised as llama.cpp would get them).
+    placement parameters `placement`/`cpu_expert_layers`/`partial_experts`/`expert_split` realised as llama.cpp would get them).
 
     `info_of(model)` returns the model's byte accounting (model_info_of), or None when it is not on this machine
     (imported rows); those rows get NaN rather than a guess.
@@ -238,7 +238,7 @@ def placement_config(row: pd.Series) -> TrialConfig:
     given = {k: row.get(k) for k in ("n_gpu_layers", "n_cpu_moe", "override_tensors", *PLACEMENT_KEYS)}
     given = {k: v for k, v in given.items() if v is not None and not (isinstance(v, float) and math.isnan(v))
              and v != ""}
-    for k in ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers"):
+    for k in ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts"):
         if k in given:
             given[k] = int(given[k])
     return TrialConfig.from_params({"model": str(row.get("model", "")), **given})
@@ -293,9 +293,9 @@ def load_frame(study: optuna.Study, *, placement: bool = True) -> pd.DataFrame:
 # ---------------------------------------------------------------- per configuration
 
 # Columns that describe a configuration in the per-configuration table (those present are kept).
-CONFIG_COLUMNS = ("model", "quant", "n_gpu_layers", "n_cpu_moe", "placement", "cpu_expert_layers", "expert_split",
-                  "override_tensors", "threads", "batch", "ubatch",
-                  "type_k", "type_v", "flash_attn", "load_mode", "n_ctx", "n_gen", "variant")
+CONFIG_COLUMNS = ("model", "quant", "n_gpu_layers", "n_cpu_moe", "placement", "cpu_expert_layers", "partial_experts",
+                  "expert_split", "override_tensors", "threads", "batch", "ubatch", "type_k", "type_v",
+                  "flash_attn", "load_mode", "n_ctx", "n_gen", "variant")
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -72,6 +72,8 @@ TRIAL_KNOBS: dict[str, Knob] = {
 PLACEMENT_KNOBS: dict[str, Knob] = {
     "placement": choice(*PATTERNS),
     "cpu_expert_layers": count(),
+    "partial_experts": rule(lambda v: v in (0, 1, 2), "0, 1 (one more layer's down projections in RAM) or 2 (its gate "
+                            "and down projections)"),
     "expert_split": rule(lambda v: v == FOLLOW_LAYERS or isinstance(v, str) and _SPLIT.fullmatch(v) is not None,
                          f'{FOLLOW_LAYERS!r} or a quoted share of the device-resident experts per GPU, such as "3/1"'),
 }

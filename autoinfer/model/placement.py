@@ -12,6 +12,12 @@ last N (what llama.cpp's `--fit` ends up with) or N spread evenly. Each becomes 
 so it is valid both in llama-bench (where `,` separates configurations) and in llama-server. On several GPUs,
 `expert_split` shares the experts that stay on the device between CUDA0, CUDA1, … in contiguous runs of layers
 (one `=CUDAk` pattern per GPU); "layers" leaves them with their layer, wherever -sm/-ts put it.
+
+`partial_experts` keeps part of one more layer's FFN in RAM, as llama-fit-params does for the layer at its boundary
+(common/fit.cpp, LAYER_FRACTION_GATE and _UP): 1 its down projections, 2 its gate and down projections. Whole
+layers move a layer's experts at a time (about 0.5 GB in the 35B-A3B Q4_K); at 12 GiB on an H100 fit's answer with
+one layer's down projection in RAM read 3.5% fewer host bytes per token than the sweep's whole layers
+(benchmarks/results/vs-fit-h100.md). The layer is the one the pattern would put in RAM next.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from autoinfer.trial_config import TrialConfig
 
 GB = 1e9
 PATTERNS = ("first", "last", "even")
-PLACEMENT_KEYS = ("placement", "cpu_expert_layers", "expert_split")  # campaign parameters turned into override_tensors
+PLACEMENT_KEYS = ("placement", "cpu_expert_layers", "partial_experts", "expert_split")  # become override_tensors
 FOLLOW_LAYERS = "layers"  # expert_split value: no per-GPU expert overrides
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp common.h LLM_FFN_EXPS_REGEX
+PARTIAL_TENSORS = {1: r"ffn_down.*", 2: r"ffn_(gate|gate_up|down).*"}  # llama-fit-params' patterns, byte for byte
 _DEVICE_BUFFER = re.compile(r"[A-Za-z]+(\d+)")  # CUDA1, Vulkan0, ROCm1: the device's index among the visible ones
 _LAYER = re.compile(r"blk\.(\d+)\.")
 
@@ -163,6 +170,25 @@ def expert_override(layers: Sequence[int]) -> tuple[str, ...]:
     return (rf"blk\.({alternatives})\.{EXPERT_TENSORS}=CPU",)
 
 
+def partial_layer(pattern: str | None, in_ram: Iterable[int], n_gpu_layers: int, n_layers: int) -> int | None:
+    """The layer whose FFN `partial_experts` splits: the one the pattern would put in RAM next, the highest GPU layer
+    whose experts are on the GPU for "last" (where llama-fit-params puts it), else the lowest. None: there is none."""
+    taken = set(in_ram)
+    free = [i for i in range(first_gpu_layer(n_gpu_layers, n_layers), n_layers) if i not in taken]
+    if not free:
+        return None
+    return max(free) if pattern == "last" else min(free)
+
+
+def partial_override(layer: int | None, parts: int | None) -> tuple[str, ...]:
+    """The `regex=CPU` pattern keeping `parts` of the layer's FFN projections in RAM; empty for none."""
+    if layer is None or not parts:
+        return ()
+    if parts not in PARTIAL_TENSORS:
+        raise UserError(f"partial_experts {parts!r} is not one of 0, 1 (down projections), 2 (gate and down)")
+    return (rf"blk\.{layer}\.{PARTIAL_TENSORS[parts]}=CPU",)
+
+
 def split_shares(split: str) -> tuple[float, ...]:
     """"3/1" → (3.0, 1.0), llama.cpp's tensor-split notation."""
     return tuple(float(v) for v in split.split("/"))
@@ -187,13 +213,14 @@ def realize(config: TrialConfig, n_layers: int) -> TrialConfig:
     """Turn the campaign's placement parameters (extra knobs) into tensor overrides llama.cpp understands: the CPU
     pattern first (llama.cpp takes the first rule that matches), then one pattern per GPU for the experts left on
     the device."""
-    pattern, count, split = (config.get(k) for k in PLACEMENT_KEYS)
-    if pattern is None and count is None and split is None:
+    pattern, count, parts, split = (config.get(k) for k in PLACEMENT_KEYS)
+    if pattern is None and count is None and not parts and split is None:
         return config
     on_cpu = cpu_expert_layers(pattern or "first", count or 0, n_layers) if pattern or count else ()
+    cpu = set(on_cpu) | set(range(min(config.n_cpu_moe, n_layers)))
     overrides = expert_override(on_cpu)
+    overrides += partial_override(partial_layer(pattern, cpu, config.n_gpu_layers, n_layers), parts)
     if split not in (None, FOLLOW_LAYERS):
-        cpu = set(on_cpu) | set(range(min(config.n_cpu_moe, n_layers)))
         on_gpu = [i for i in range(first_gpu_layer(config.n_gpu_layers, n_layers), n_layers) if i not in cpu]
         overrides += gpu_expert_override(on_gpu, split)
     extra = tuple((k, v) for k, v in config.extra if k not in PLACEMENT_KEYS)

@@ -2,20 +2,19 @@
 
 0. Baseline. On a GPU budget llama-fit-params' answer is measured first, asked again for less while it is over the
    budget (search/fit_baseline.py): llama.cpp's own fit is what the answer has to beat, and its peak is a measured
-   one next to the budget. One that runs llama-fit-params' raw overrides (part of a layer in RAM) is left out of
-   what the steps below reason about: its parameters do not name its placement. Such a placement is grafted onto
-   the incumbent's knobs instead (search/graft.py) when that is likelier to beat the incumbent than the best local
-   move.
+   one next to the budget. One that runs llama-fit-params' raw overrides (a placement the campaign's parameters
+   cannot say) is left out of what the steps below reason about: its parameters do not name its placement. Such a
+   placement is grafted onto the incumbent's knobs instead (search/graft.py) when that is likelier to beat the
+   incumbent than the best local move.
 1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials look for the
-   placement (GPU layers, expert layers in RAM, splits) with the highest predicted speed (performance model)
-   whose predicted peak (memory model, calibrated on every measured peak) is within the budget, or, next to a
-   placement measured to fit, over it by less than the model's typical error (PROBE): only a measurement settles
-   that. No safety step:
-   the prediction decides, and measured peaks decide where they exist: a placement using no more memory
-   than one measured to fit fits, one using no less than one measured over does not. The same placement
-   measured with other knob values carries its peak over, corrected by the model's predicted difference (whose
-   error the measured pairs of one placement give, before any pair the difference's own size): measured where
-   that says it fits, not probed where it is over by more than its spread. After two wrong predictions the next
+   placement (GPU layers, expert layers in RAM, part of one more layer's FFN, splits) with the highest predicted
+   speed (performance model) whose predicted peak (memory model, calibrated on every measured peak) is within the
+   budget, or, next to a placement measured to fit, over it by less than the model's typical error (PROBE): only a
+   measurement settles that. No safety step: the prediction decides, and measured peaks decide where they exist:
+   a placement using no more memory than one measured to fit fits, one using no less than one measured over does
+   not. The same placement measured with other knob values carries its peak over, corrected by the model's
+   predicted difference (whose error the measured pairs of one placement give, before any pair the difference's
+   own size): measured where that says it fits, not probed where it is over by more than its spread. After two wrong predictions the next
    trial bisects the placements still unknown.
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
    are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
@@ -60,7 +59,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers
+from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers, partial_layer
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
@@ -71,7 +70,7 @@ from autoinfer.store import trials as store
 from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Store, record_of, write_trial
 
-GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "tensor_split", "expert_split")
+GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts", "tensor_split", "expert_split")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
 # load mode decides pinned buffers and so the prompt's copy speed; ubatch the prompt's batching).
 KNOB_ORDER = ("threads", "load_mode", "ubatch", "placement", "type_k", "type_v", "flash_attn", "batch", "repack",
@@ -548,7 +547,7 @@ class Boundary:
         GPU, whole-layer placements without expert offload (the combination is dominated), each split."""
         ngls = self.values.get("n_gpu_layers", [None])
         top = max(ngls) if ngls != [None] else None
-        experts = [n for n in ("n_cpu_moe", "cpu_expert_layers") if n in self.share]
+        experts = [n for n in ("n_cpu_moe", "cpu_expert_layers", "partial_experts") if n in self.share]
         splits = [n for n in ("tensor_split", "expert_split") if n in self.share]
         out: dict[Any, Candidate] = {}
         for ngl in ngls:
@@ -567,7 +566,10 @@ class Boundary:
                     on_cpu |= set(cpu_expert_layers(config.get("placement") or "first",
                                                     config.get("cpu_expert_layers"), n_layers))
                 whole = cpu_layers(config.n_gpu_layers, n_layers)
-                key = (path, whole, frozenset(on_cpu), tuple(params.get(n) for n in splits))
+                split_layer = partial_layer(config.get("placement"), on_cpu, config.n_gpu_layers, n_layers)
+                part = (split_layer, config.get("partial_experts")) if config.get("partial_experts") and \
+                    split_layer is not None else None
+                key = (path, whole, frozenset(on_cpu), part, tuple(params.get(n) for n in splits))
                 if key in out:
                     continue
                 pred = self._predict(config)

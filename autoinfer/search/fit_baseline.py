@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoinfer.engines.knobs import llama_defaults
-from autoinfer.model.placement import FOLLOW_LAYERS, cpu_expert_layers, expert_override, layers_on_cpu, overridden
+from autoinfer.model.placement import (FOLLOW_LAYERS, cpu_expert_layers, expert_override, layers_on_cpu, overridden,
+                                      partial_layer, partial_override)
+from autoinfer.model.shape import ModelShape
 from autoinfer.search.context import SearchContext, allowed
 from autoinfer.store.records import TrialRecord
 from autoinfer.trial_config import TrialConfig
@@ -110,16 +112,16 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
     if min(runs, shape.n_layers + 1) != min(ngl, shape.n_layers + 1):
         return (f"llama-fit-params answered -ngl {ngl} for {budget_mib:.0f} MiB, which the campaign's n_gpu_layers "
                 "cannot express: no baseline trial (put that value in the space)")
-    # "last N" where it moves the same tensors to the same place; a part of one more layer (llama-fit-params fills
-    # the GPU tensor by tensor: its 12288 MiB answer on an H100 left one layer's down projection in RAM beside 17
-    # whole layers) or a per-GPU override runs as its raw overrides
-    last = expert_override(cpu_expert_layers("last", len(layers), shape.n_layers))
-    if overridden(patterns, shape.tensor_names) == overridden(last, shape.tensor_names) \
-            and "last" in (allowed(ctx.campaign, "placement") or []) \
-            and len(layers) in (allowed(ctx.campaign, "cpu_expert_layers") or []):
-        params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers))) if k in searched})
+    # "last N", with part of one more layer where the campaign has partial_experts (llama-fit-params fills the GPU
+    # tensor by tensor: its 12288 MiB answer on an H100 left one layer's down projection in RAM beside 17 whole
+    # layers), where that moves the same tensors to the same place; any other answer (a per-GPU override, a part
+    # the campaign cannot say) runs as its raw overrides
+    parts = _as_last(patterns, len(layers), runs, ctx, shape)
+    if parts is not None:
+        params.update({k: v for k, v in (("placement", "last"), ("cpu_expert_layers", len(layers)),
+                                         ("partial_experts", parts)) if k in searched})
     else:
-        for name in ("n_cpu_moe", "cpu_expert_layers"):
+        for name in ("n_cpu_moe", "cpu_expert_layers", "partial_experts"):
             if name in searched:
                 params[name] = min(allowed(ctx.campaign, name))
         if "placement" in searched:
@@ -133,3 +135,19 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
         fields["fit_tensor_split"] = split
     return params, fields
 
+
+
+def _as_last(patterns: Sequence[str], count: int, n_gpu_layers: int, ctx: SearchContext, shape: ModelShape) -> int | None:
+    """The partial_experts value with which `placement: last, cpu_expert_layers: count` moves the tensors llama-fit-
+    params' `patterns` move, to the same places; None where no value the campaign allows does."""
+    if "last" not in (allowed(ctx.campaign, "placement") or []) or \
+            count not in (allowed(ctx.campaign, "cpu_expert_layers") or []):
+        return None
+    names = shape.tensor_names
+    wanted = overridden(patterns, names)
+    layers = cpu_expert_layers("last", count, shape.n_layers)
+    split = partial_layer("last", layers, n_gpu_layers, shape.n_layers)
+    for parts in allowed(ctx.campaign, "partial_experts") or [0]:
+        if overridden((*expert_override(layers), *partial_override(split, parts)), names) == wanted:
+            return parts
+    return None

@@ -127,13 +127,17 @@ class InformedStart:
         return params
 
     def _expert_combos(self, n_layers: int) -> list[tuple[int, dict[str, Any]]]:
-        """(number of layers with experts in RAM, knob values) for every distinct expert placement in the space."""
+        """(number of layers with experts in RAM, knob values) for every distinct expert placement in the space, in
+        whole layers (partial_experts at its least: this fixed start moves a layer at a time)."""
         knobs = {name: allowed(self.ctx.campaign, name) or [None] for name in ("n_cpu_moe", "placement", "cpu_expert_layers")}
+        partial = allowed(self.ctx.campaign, "partial_experts")
         seen: dict[frozenset[int], tuple[int, dict[str, Any]]] = {}
         for ncmoe, pattern, count in itertools.product(*knobs.values()):
             layers = set(range(min(ncmoe or 0, n_layers)))
             if count is not None:
                 layers |= set(cpu_expert_layers(pattern or "first", count, n_layers))
             combo = {k: v for k, v in zip(knobs, (ncmoe, pattern, count)) if v is not None}
+            if partial:
+                combo["partial_experts"] = min(partial)
             seen.setdefault(frozenset(layers), (len(layers), combo))
         return sorted(seen.values(), key=lambda s: s[0])

@@ -21,6 +21,8 @@ from autoinfer.engines.llama_common import (
     server_context,
 )
 from autoinfer.errors import UserError
+from autoinfer.model.gguf_info import read_info
+from autoinfer.model.placement import realize
 from autoinfer.measure.process import run_isolated
 
 from .helpers import context, trial
@@ -80,6 +82,19 @@ def test_override_tensors_are_joined_with_semicolons(engine, tiny_model, tmp_pat
     assert m.outcome is Outcome.OK, m.reason
     assert m.engine_cmd[m.engine_cmd.index("-ot") + 1] == ";".join(patterns)
     assert json.loads(m.raw_output)[0]["tensor_buft_overrides"] == ";".join(patterns)
+
+
+def test_a_partial_layer_placement_runs_in_llama_bench(engine, tiny_model, tmp_path):
+    """placement/cpu_expert_layers/partial_experts as realize writes them: llama-fit-params' own partial pattern
+    beside the whole layers' one, accepted by the real binary (a CPU build, which keeps every layer in RAM
+    whatever -ngl says)."""
+    n_layers = read_info(tiny_model).n_layers
+    knobs = (("placement", "last"), ("cpu_expert_layers", 1), ("partial_experts", 2))
+    config = realize(trial(tiny_model, n_gen=0, repetitions=1, n_gpu_layers=99, extra=knobs), n_layers)
+    assert len(config.override_tensors) == 2 and rf"blk\.{n_layers - 2}\.ffn_(gate" in config.override_tensors[1]
+    m = engine.run(config, context(tmp_path))
+    assert m.outcome is Outcome.OK, m.reason
+    assert json.loads(m.raw_output)[0]["tensor_buft_overrides"] == ";".join(config.override_tensors)
 
 
 def test_truncated_gguf_is_load_failed(engine, tiny_model, tmp_path):

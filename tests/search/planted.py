@@ -15,7 +15,7 @@ import pandas as pd
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import shape_path
 from autoinfer.model.memory import MemoryModel
-from autoinfer.model.placement import cpu_expert_layers
+from autoinfer.model.placement import cpu_expert_layers, partial_layer
 from autoinfer.model.shape import ModelShape, TensorBytes
 
 N_LAYERS = 40
@@ -51,29 +51,38 @@ def planted_speeds(experts_cpu: float, whole: int, spread: bool, ubatch: int) ->
     return 1 / t, 9000 / (1 + experts_cpu * 0.02 + whole * 0.06) * (1 + 0.15 * np.log2(ubatch / 512))
 
 
-def planted_table(folder: Path, seed: int = 0) -> Path:
-    """Write planted.csv (+ planted.shape.json) into folder: n_gpu_layers × placement × cpu_expert_layers × ubatch."""
+def planted_table(folder: Path, seed: int = 0, partial: bool = False) -> Path:
+    """Write planted.csv (+ planted.shape.json) into folder: n_gpu_layers × placement × cpu_expert_layers × ubatch
+    (× partial_experts 0/1/2 with all layers on the GPU, where `partial`)."""
     rng = np.random.default_rng(seed)
     shape = shape_35b()
     truth = MemoryModel(shape, "device")  # its prior is the planted truth for memory (plus noise)
+    experts = {t.name.split(".")[2]: t.n_bytes for t in shape.tensors if t.layer == 0 and t.group == "routed_experts"}
+    share = {0: 0.0, 1: experts["ffn_down_exps"], 2: experts["ffn_down_exps"] + experts["ffn_gate_exps"]}
     rows = []
     for ngl in (41, 36, 32, 28):
         for placement in ("first", "last", "even"):
             for count in range(0, N_LAYERS + 1, 2):
-                for ubatch in (256, 512, 1024):
-                    config = TrialConfig(model=Path("m"), n_gpu_layers=ngl, ubatch=ubatch,
-                                         extra=(("placement", placement), ("cpu_expert_layers", count)))
-                    cpu_layers = set(cpu_expert_layers(placement, count, N_LAYERS))
-                    whole = max(N_LAYERS + 1 - ngl, 0)  # whole layers on the CPU
-                    tg, pp = planted_speeds(len(cpu_layers | set(range(whole))), whole, placement == "even", ubatch)
-                    vram = truth.predict(config).mib * 1.04 + 250 + rng.normal(0, 30)
-                    tg_s = tg * (1 + rng.normal(0, 0.04, 5))
-                    pp_s = pp * (1 + rng.normal(0, 0.1, 5))
-                    rows.append({"n_gpu_layers": ngl, "placement": placement, "cpu_expert_layers": count,
-                                 "ubatch": ubatch, "tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)),
-                                 "vram_mib": round(vram, 1),
-                                 "tg_samples": " ".join(f"{v:.3f}" for v in tg_s),
-                                 "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)})
+                for parts in ((0, 1, 2) if ngl == 41 else (0,)) if partial else (None,):
+                    for ubatch in (256, 512, 1024):
+                        knobs = (("placement", placement), ("cpu_expert_layers", count))
+                        knobs += (("partial_experts", parts),) if parts is not None else ()
+                        config = TrialConfig(model=Path("m"), n_gpu_layers=ngl, ubatch=ubatch, extra=knobs)
+                        cpu_layers = set(cpu_expert_layers(placement, count, N_LAYERS))
+                        whole = max(N_LAYERS + 1 - ngl, 0)  # whole layers on the CPU
+                        split = partial_layer(placement, cpu_layers, ngl, N_LAYERS) if parts else None
+                        part = share[parts] / sum(experts.values()) if split is not None else 0.0
+                        tg, pp = planted_speeds(len(cpu_layers | set(range(whole))) + part, whole,
+                                                placement == "even", ubatch)
+                        vram = truth.predict(config).mib * 1.04 + 250 + rng.normal(0, 30)
+                        tg_s = tg * (1 + rng.normal(0, 0.04, 5))
+                        pp_s = pp * (1 + rng.normal(0, 0.1, 5))
+                        rows.append({"n_gpu_layers": ngl, "placement": placement, "cpu_expert_layers": count,
+                                     **({"partial_experts": parts} if partial else {}),
+                                     "ubatch": ubatch, "tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)),
+                                     "vram_mib": round(vram, 1),
+                                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s),
+                                     "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)})
     path = Path(folder) / "planted.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     shape_path(path).write_text(shape.to_json())

@@ -107,6 +107,16 @@ def test_a_partial_layer_runs_as_llama_fit_params_wrote_it(planted):
     params, fields = fit_params_trial(ctx, str(planted), searched, {"ubatch": 512}, BUDGET)
     assert fields == {"fit_override_tensors": partial} and params["cpu_expert_layers"] == 0
     assert rf"\.{EXPERT_TENSORS}=CPU" in partial[1]
+    # with partial_experts in the space the answer is a point of it, which the search reasons about
+    spec = _spec(planted)
+    spec["space"]["partial_experts"] = [0, 1, 2]
+    ctx.campaign = parse_campaign(spec)
+    params, fields = fit_params_trial(ctx, str(planted), {**searched, "partial_experts": None}, {"ubatch": 512}, BUDGET)
+    assert params == {"placement": "last", "cpu_expert_layers": N_LAYERS - 22, "partial_experts": 1, "ubatch": 512}
+    assert fields == {}
+    ctx.engine = Answer((r"blk\.20\.ffn_down.*=CPU", *whole))  # not the layer next to the whole ones: raw
+    assert fit_params_trial(ctx, str(planted), {**searched, "partial_experts": None}, {"ubatch": 512},
+                            BUDGET)[1] != {}
 
 
 @pytest.mark.parametrize("cores, threads, kept", [
