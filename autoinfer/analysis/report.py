@@ -24,7 +24,7 @@ from autoinfer.analysis.dataset import config_table, load_frame, ok_rows
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import DEFAULT_THREADS
-from autoinfer.search.pareto import configurations, pp_weights, tg_pp_front
+from autoinfer.search.pareto import configurations, pp_weights, prompt_alternative, tg_pp_front
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.drift import flagged_trials
@@ -355,6 +355,8 @@ def _recommendation(analysis: Analysis, study: optuna.Study, rec: Recommendation
                f"{memory}); {rec.why}.")
     if rec.alternative is not None:
         out.append(f"A {rec.alternative.line()}.")
+    if (prompt := prompt_alternative(study, rec.trial)) is not None:
+        out.append(f"A {prompt.line()}.")
     if not pooled.empty and pooled.iloc[0]["n"] > 1:
         c = pooled.iloc[0]
         out.append(f"Its generation samples over all its successful trials range {c['min']:.2f}–{c['max']:.2f} "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from autoinfer.campaign.spec import Campaign
+from autoinfer.campaign.spec import Campaign, stored_campaign
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError
 from autoinfer.store import trials as store
@@ -24,6 +24,8 @@ from autoinfer.store.trials import Store
 
 DIRECTIONS = ("maximize", "maximize", "minimize")  # tg tok/s, pp tok/s, peak MiB
 PICK_OBJECTIVES = ("tg", "pp", "balanced")
+PROMPT_TG_LOSS = 0.05  # a prompt-faster alternative gives up at most this share of the recommendation's tg
+PROMPT_GAIN = 1.5  # and runs the prompt at least this many times as fast
 
 
 def enabled(campaign: Campaign) -> bool:
@@ -117,6 +119,44 @@ def pp_weights(pts: list[Point], steps: int = 1000) -> dict[int, tuple[float, fl
             low, _ = out.get(best.trial.number, (w, w))
             out[best.trial.number] = (low, w)
     return out
+
+
+@dataclass(frozen=True)
+class PromptAlternative:
+    """A configuration measured at almost the recommendation's generation speed whose prompt ran far faster."""
+
+    trial: int
+    tg: float
+    pp: float
+    recommended_tg: float
+    recommended_pp: float
+
+    def line(self) -> str:
+        return (f"prompt-faster alternative: trial {self.trial}, tg {self.tg:.1f} against {self.recommended_tg:.1f} "
+                f"({1 - self.tg / self.recommended_tg:.0%} slower), pp {self.pp:.0f} against "
+                f"{self.recommended_pp:.0f} ({self.pp / self.recommended_pp:.1f}x), the medians of the search's runs; "
+                "an objective with a prompt weight chooses between them")
+
+
+def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternative | None:
+    """For an objective without a prompt weight: the configuration within PROMPT_TG_LOSS of the recommendation's
+    generation speed whose prompt ran fastest, at least PROMPT_GAIN times the recommendation's (None: there is none,
+    or the objective weighs the prompt).
+    On an H100 at 12 GiB a tg-only sweep recommended its placement with mmap, which the confirmation could not tell
+    apart from the same placement without it (1.03 ± 0.14), at 0.13x that one's prompt speed
+    (benchmarks/results/vs-fit-h100.md): the objective decides, and the line says what it cost."""
+    campaign = stored_campaign(study)
+    if campaign is not None and campaign.objective_weights().get("pp"):
+        return None
+    configs = configurations(study)
+    chosen = next((p for p, numbers in configs if recommended in numbers), None)
+    if chosen is None or chosen.tg <= 0 or chosen.pp <= 0:
+        return None
+    faster = [p for p, _ in configs if p.tg >= chosen.tg * (1 - PROMPT_TG_LOSS) and p.pp >= chosen.pp * PROMPT_GAIN]
+    if not faster:
+        return None
+    best = max(faster, key=lambda p: p.pp)
+    return PromptAlternative(best.trial.number, best.tg, best.pp, chosen.tg, chosen.pp)
 
 
 def remember(study: optuna.Study) -> None:

@@ -12,6 +12,7 @@ from rich.table import Table
 from autoinfer.campaign.spec import stored_campaign
 from autoinfer.engines.base import capabilities
 from autoinfer.export.formats import render
+from autoinfer.search.pareto import prompt_alternative
 from autoinfer.search.status import status_rows
 from autoinfer.store.records import Confirmation, ContestRecord, DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
@@ -92,6 +93,8 @@ def print_status(console: Console, study: optuna.Study) -> None:
         table.add_row("  peak memory", _memory(t))
         if rec.alternative is not None:
             table.add_row("  alternative", rec.alternative.line())
+        if (prompt := prompt_alternative(study, rec.trial)) is not None:
+            table.add_row("  alternative", prompt.line())
     console.print(table)
 
 
@@ -164,6 +167,8 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     console.print(f"  peak memory:      {_memory(t)}")
     if rec.alternative is not None:
         console.print(f"  {rec.alternative.line()}", markup=False, highlight=False)
+    if (prompt := prompt_alternative(study, rec.trial)) is not None:
+        console.print(f"  {prompt.line()}", markup=False, highlight=False)
     if capabilities(campaign.engine).llama_settings:
         console.print("\nrun it with:")
         console.print(render("server", best, study.study_name), markup=False, highlight=False, soft_wrap=True)

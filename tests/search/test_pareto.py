@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import io
+
+import pandas as pd
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
+from autoinfer.engines.replay import parameter_columns, read_table
 from autoinfer.errors import UserError
 from autoinfer.search import pareto
-from autoinfer.sweep.replay_cli import OFFLINE
+from autoinfer.store.trials import MEMORY_STORAGE
+from autoinfer.sweep.recommend import recommend
+from autoinfer.sweep.replay_cli import OFFLINE, _space
+from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
 
 from .planted import planted_table
@@ -64,3 +72,36 @@ def test_status_and_export_show_the_front(study):
                               "--vram-budget", str(budget + 1), "--objective", "tg"])
     assert out.exit_code == 0, out.output
     assert f'"trial": {pareto.pick(study, budget + 1, "tg").trial.number}' in out.output
+
+
+def _knob_study(tmp_path, objective, pp_none: float):
+    """mmap runs generation fastest; without it (pinned host experts) generation is 3% slower, the prompt pp_none."""
+    rows = []
+    for mode, tg, pp in (("mmap", 100.0, 300.0), ("none", 97.0, pp_none)):
+        for threads, scale in ((16, 1.0), (8, 0.9)):
+            rows.append({"load_mode": mode, "threads": threads, "tg": tg * scale, "pp": pp, "vram_mib": 12000.0,
+                         "tg_samples": " ".join([f"{tg * scale:.1f}"] * 3), "pp_samples": " ".join([f"{pp:.0f}"] * 3)})
+    table = tmp_path / "modes.csv"
+    pd.DataFrame(rows).to_csv(table, index=False)
+    df = read_table(table)
+    campaign = parse_campaign({
+        "name": "modes", "engine": "replay", "engine_options": {"table": str(table)}, "model": str(table),
+        "space": _space(df, parameter_columns(df)), "objective": objective, "budget": {"trials": 4},
+        "search": {"fit_params": False}, **OFFLINE}, str(table))
+    return sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
+
+
+def test_a_tg_objective_names_the_configuration_that_runs_the_prompt_far_faster(tmp_path):
+    study = _knob_study(tmp_path, "tg", 2400.0)
+    rec = recommend(study)
+    assert study.trials[rec.trial].params == {"load_mode": "mmap", "threads": 16}
+    alt = pareto.prompt_alternative(study, rec.trial)
+    assert alt is not None and study.trials[alt.trial].params == {"load_mode": "none", "threads": 16}
+    assert alt.line().startswith(f"prompt-faster alternative: trial {alt.trial}, tg 97.0 against 100.0 (3% slower), "
+                                 "pp 2400 against 300 (8.0x)")
+    console = Console(width=250, record=True, file=io.StringIO())
+    print_status(console, study)
+    assert alt.line()[:60] in console.export_text()
+    assert pareto.prompt_alternative(_knob_study(tmp_path, "tg", 400.0), rec.trial) is None  # 1.3x: not worth a line
+    balanced = _knob_study(tmp_path, {"tg": 1, "pp": 1}, 2400.0)  # the objective weighs the prompt itself
+    assert pareto.prompt_alternative(balanced, recommend(balanced).trial) is None
