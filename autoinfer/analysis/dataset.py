@@ -204,7 +204,8 @@ def study_frame(study: optuna.Study) -> pd.DataFrame:
 def add_placement_features(frame: pd.DataFrame, info_of: Callable[[str], Any | None]) -> pd.DataFrame:
     """GB of weights on the GPU and in RAM (total and read per token) and the whole layers left on the CPU, from
     each model's GGUF byte accounting of the trial's placement (its -ngl, -ncmoe and overrides, and the campaign's
-    placement parameters `placement`/`cpu_expert_layers`/`partial_experts`/`expert_split` realised as llama.cpp would get them).
+    placement parameters `placement`/`cpu_expert_layers`/`partial_experts`/`expert_split` realised as llama.cpp
+    would get them).
 
     `info_of(model)` returns the model's byte accounting (model_info_of), or None when it is not on this machine
     (imported rows); those rows get NaN rather than a guess.

@@ -10,12 +10,13 @@
    placement (GPU layers, expert layers in RAM, part of one more layer's FFN, splits) with the highest predicted
    speed (performance model) whose predicted peak (memory model, calibrated on every measured peak) is within the
    budget, or, next to a placement measured to fit, over it by less than the model's typical error (a PROBE share of
-   the budget until the model's own errors say how large it is): only a measurement settles that. No safety step: the prediction decides, and measured peaks decide where they exist:
-   a placement using no more memory than one measured to fit fits, one using no less than one measured over does
-   not. The same placement measured with other knob values carries its peak over, corrected by the model's
-   predicted difference (whose error the measured pairs of one placement give, before any pair the difference's
-   own size): measured where that says it fits, not probed where it is over by more than its spread. After two wrong predictions the next
-   trial bisects the placements still unknown.
+   the budget until the model's own errors say how large it is): only a measurement settles that. No safety step:
+   the prediction decides, and measured peaks decide where they exist: a placement using no more memory than one
+   measured to fit fits, one using no less than one measured over does not. The same placement measured with other
+   knob values carries its peak over, corrected by the model's predicted difference (whose error the measured pairs
+   of one placement give, before any pair the difference's own size): measured where that says it fits, not probed
+   where it is over by more than its spread. After two wrong predictions the next trial bisects the placements still
+   unknown.
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
    are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
    (a larger ubatch or KV cache needs room). Each move's chance to beat the incumbent comes from the performance
@@ -528,7 +529,7 @@ class Boundary:
         model's typical error. PROBE of the budget until PROBE_ERRORS calibrated predictions (after the study's first
         measured peak, the uncalibrated prior's) were measured, then KAPPA robust standard deviations of their
         errors, never more than PROBE. On an H100 the calibrated predictions missed by 1-50 MiB where 3% of 12 GiB
-        is 369: 4 of 10 trials measured placements predicted over the budget, each over by what was predicted."""
+        is 369: 5 of 10 trials measured placements predicted over the budget, each over by what was predicted."""
         budget = self.ctx.budget_mib
         if budget is None:
             return 0.0

@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoinfer.engines.knobs import llama_defaults
-from autoinfer.model.placement import (FOLLOW_LAYERS, cpu_expert_layers, expert_override, layers_on_cpu, overridden,
-                                      partial_layer, partial_override)
+from autoinfer.model.placement import (
+    FOLLOW_LAYERS,
+    cpu_expert_layers,
+    expert_override,
+    layers_on_cpu,
+    overridden,
+    partial_layer,
+    partial_override,
+)
 from autoinfer.model.shape import ModelShape
 from autoinfer.search.context import SearchContext, allowed
 from autoinfer.store.records import TrialRecord
@@ -136,8 +143,8 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
     return params, fields
 
 
-
-def _as_last(patterns: Sequence[str], count: int, n_gpu_layers: int, ctx: SearchContext, shape: ModelShape) -> int | None:
+def _as_last(patterns: Sequence[str], count: int, n_gpu_layers: int, ctx: SearchContext,
+             shape: ModelShape) -> int | None:
     """The partial_experts value with which `placement: last, cpu_expert_layers: count` moves the tensors llama-fit-
     params' `patterns` move, to the same places; None where no value the campaign allows does."""
     if "last" not in (allowed(ctx.campaign, "placement") or []) or \

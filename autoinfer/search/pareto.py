@@ -143,8 +143,8 @@ def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternati
     generation speed whose prompt ran fastest, at least PROMPT_GAIN times the recommendation's (None: there is none,
     or the objective weighs the prompt).
     On an H100 at 12 GiB a tg-only sweep recommended its placement with mmap, which the confirmation could not tell
-    apart from the same placement without it (1.03 ± 0.14), at 0.13x that one's prompt speed
-    (benchmarks/results/vs-fit-h100.md): the objective decides, and the line says what it cost."""
+    apart from the same placement without it (1.03 ± 0.14), at a fifth of that one's prompt speed (296 against 1443
+    tok/s in the search, benchmarks/results/vs-fit-h100.md): the objective decides, and the line says what it cost."""
     campaign = stored_campaign(study)
     if campaign is not None and campaign.objective_weights().get("pp"):
         return None

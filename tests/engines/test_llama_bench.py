@@ -21,9 +21,9 @@ from autoinfer.engines.llama_common import (
     server_context,
 )
 from autoinfer.errors import UserError
+from autoinfer.measure.process import run_isolated
 from autoinfer.model.gguf_info import read_info
 from autoinfer.model.placement import realize
-from autoinfer.measure.process import run_isolated
 
 from .helpers import context, trial
 
