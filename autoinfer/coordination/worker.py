@@ -201,6 +201,11 @@ class SharedBudget:
                 return None
             time.sleep(adapter.heartbeat_interval(self.study) or 1)
 
+    def room(self) -> bool:
+        """Whether the budget has room for one more trial now. Call it serialized, with the queueing it decides: a
+        trial queued with room is the next one any worker asks for; one queued without it would be left waiting."""
+        return sum(1 for t in Store(self.study).records() if counted(t)) < self.trials
+
     def _reclaimed_trials(self) -> list[TrialRecord]:
         """The study's trials after failing and re-queueing those of dead workers."""
         study_store = Store(self.study)

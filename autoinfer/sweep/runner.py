@@ -257,9 +257,13 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                             view.note(f"stopped: {repeated} suggestions in a row were configurations already "
                                       "measured and no unmeasured one is left: the search space is exhausted")
                             break
-                        study_store.enqueue(fresh, explore_after_repeats=repeated)
-                        view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random is "
-                                  f"queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
+                        with worker.serialized(study):  # other workers may fill the budget meanwhile
+                            queued = gate.room()
+                            if queued:
+                                study_store.enqueue(fresh, explore_after_repeats=repeated)
+                        if queued:
+                            view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random "
+                                      f"is queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
                     continue
                 repeated = 0
                 view.start(trial.number, asked.shown_params)
