@@ -21,7 +21,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autoinfer.campaign.spec import load_campaign
-from autoinfer.coordination import hardware
+from autoinfer.coordination import hardware, worker
 from autoinfer.errors import UserError
 from autoinfer.store import trials as store
 from autoinfer.store.trials import Store
@@ -257,3 +257,17 @@ def test_wall_time_is_the_campaigns_not_each_workers():
     assert store.elapsed_s(study, since=now - timedelta(seconds=30)) == pytest.approx(46.0, abs=0.5)
     add((now - t0).total_seconds() - 20, None)  # running now, inside this worker's session: counted once
     assert store.elapsed_s(study, since=now - timedelta(seconds=30)) == pytest.approx(46.0, abs=0.5)
+
+
+def test_the_shared_budget_has_room_only_while_its_counted_trials_leave_one(tmp_path):
+    """A worker queues an exploration only with room (sweep/runner.py): queued into a full budget, it was left
+    waiting when every worker stopped."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'room.db'}", study_name="room")
+    gate = worker.SharedBudget(study, 2, hardware.bind(study))
+    dists = {"x": IntDistribution(0, 9)}
+    assert gate.room()
+    gate.ask(dists)
+    assert gate.room()  # one running of two
+    gate.ask(dists)
+    assert not gate.room()  # two running fill it, wherever they run
+    gate.__exit__()
