@@ -155,6 +155,11 @@ def counted(trial: TrialRecord) -> bool:
     return (trial.state == TrialState.RUNNING or trial.is_finished) and not trial.is_remeasurement
 
 
+def _used(trials: list[TrialRecord]) -> int:
+    """How many of the budget's trials these use up (counted)."""
+    return sum(1 for t in trials if counted(t))
+
+
 def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:
     """True for the worker that ends a study's trials: no other worker still runs one (call it serialized)."""
     running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
@@ -188,9 +193,8 @@ class SharedBudget:
         while True:
             with serialized(self.study):
                 trials = self._reclaimed_trials()
-                used = sum(1 for t in trials if counted(t))
                 running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-                if used < self.trials or waiting_remeasurements(trials):
+                if _used(trials) < self.trials or waiting_remeasurements(trials):
                     with warnings.catch_warnings():  # ask-and-tell with heartbeats is this class's own doing
                         warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used", UserWarning)
                         trial = self.study.ask(dists)
@@ -204,7 +208,7 @@ class SharedBudget:
     def room(self) -> bool:
         """Whether the budget has room for one more trial now. Call it serialized, with the queueing it decides: a
         trial queued with room is the next one any worker asks for; one queued without it would be left waiting."""
-        return sum(1 for t in Store(self.study).records() if counted(t)) < self.trials
+        return _used(Store(self.study).records()) < self.trials
 
     def _reclaimed_trials(self) -> list[TrialRecord]:
         """The study's trials after failing and re-queueing those of dead workers."""

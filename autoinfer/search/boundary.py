@@ -534,10 +534,8 @@ class Boundary:
         if budget is None:
             return 0.0
         cap = PROBE * budget
-        side = "rss_peak_mib" if self.ctx.side == "host" else "vram_peak_mib"
-        measured = sorted((t for t in trials if getattr(t, side) and t.predicted_mib is not None),
-                          key=lambda t: t.number)
-        errors = [abs(getattr(t, side) - t.predicted_mib) for t in measured[1:]]
+        measured = sorted((t for t in trials if self._peak(t) and t.predicted_mib is not None), key=lambda t: t.number)
+        errors = [abs(self._peak(t) - t.predicted_mib) for t in measured[1:]]
         if len(errors) < PROBE_ERRORS:
             return cap
         return min(cap, KAPPA * MAD_SD * statistics.median(errors))
@@ -645,7 +643,7 @@ class Boundary:
             config = t.trial_config if t.config is not None else None
             samples = pooled.get(_key(t.params)) if t.is_feasible_ok else None
             score = store.score(samples, weights) if samples else None
-            peak = t.rss_peak_mib if self.ctx.side == "host" else t.vram_peak_mib
+            peak = self._peak(t)
             if outcome in ("oom", "infeasible", "predicted_infeasible"):
                 fits = False
             elif outcome in ("ok", "pruned") and peak and budget is not None:
@@ -661,6 +659,10 @@ class Boundary:
                             str(t.search_reason or ""), runs.get(_key(t.params), 1),
                             self._log_var(samples) if samples else None, evidence, peak or None))
         return out
+
+    def _peak(self, t: TrialRecord) -> float | None:
+        """A trial's measured peak on the budget's side (the largest per-GPU one on a device)."""
+        return t.rss_peak_mib if self.ctx.side == "host" else t.vram_peak_mib
 
     def _log_var(self, samples: dict[str, list[float]]) -> float | None:
         """Variance of the log score from the samples' spread (of a mean; the median is close enough)."""
