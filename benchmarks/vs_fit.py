@@ -20,7 +20,9 @@ Per budget:
    without priors to every successful trial of the three sweeps and every interleaved run (one host, many GB/token
    on the CPU), so its CPU term is this host's measured seconds per GB of experts left in RAM. Per budget: the
    tg it gives each answer's placement, and how much faster a placement would be that kept 5% fewer expert bytes on
-   the CPU, which no placement within the same budget can (the GPU is full at the boundary).
+   the CPU, which no placement within the same budget can (the GPU is full at the boundary). Measurements whose host
+   bytes are too alike (one budget's sweep) cannot tell the host's cost from the GPU's: the account says so and
+   leaves that column out.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ from autoinfer.store.trials import Store, load_study
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
+# The account asks what 5% fewer host bytes would give: a slope read from measurements with a few % of tg noise, so
+# they must read host bytes that differ by several times that (the sweeps of one budget end on one placement).
+HOST_SPAN = 0.2
 
 
 def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
@@ -181,25 +186,35 @@ def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
     """The performance model fitted to this host's measurements; per budget the tg it gives each answer and the gain
     5% fewer CPU-side expert bytes would bring."""
     shape = shape_from_gguf(model)
-    rows = np.array([features_of(shape, config).tg_row() for config, _ in observations])
+    features = [features_of(shape, config) for config, _ in observations]
+    rows = np.array([f.tg_row() for f in features])
     coef = fit_coefficients(rows, [tg for _, tg in observations])
     fitted = predict(coef, rows)
     errors = [abs(p - tg) / tg for p, (_, tg) in zip(fitted, observations)]
+    host = [f.cpu_gb for f in features]
+    span = (max(host) - min(host)) / max(float(np.median(host)), 1e-9)
+    identified = span >= HOST_SPAN
     lines = [f"performance model fitted to {len(observations)} measurements of this host: "
              + ", ".join(f"{name} {value:.3g}" for name, value in zip(TG_TERMS, coef))
-             + f"; median |error| {np.median(errors):.1%}", "",
-             "| budget MiB | side | host GB/token | measured tg | model tg | model tg with 5% fewer host bytes |",
-             "|---|---|---|---|---|---|"]
-    data = {"coef": dict(zip(TG_TERMS, map(float, coef))), "median_rel_error": float(np.median(errors))}
+             + f"; median |error| {np.median(errors):.1%}"]
+    if not identified:
+        lines.append(f"these measurements read {min(host):.3f}-{max(host):.3f} host GB/token ({span:.0%} of their "
+                     f"median, under {HOST_SPAN:.0%}): too alike to tell the host's cost per GB from the GPU's, so "
+                     "the model's split between them is not evidence and the last column is left out; measure "
+                     "several budgets in one run")
+    lines += ["", "| budget MiB | side | host GB/token | measured tg | model tg | model tg with 5% fewer host bytes |",
+              "|---|---|---|---|---|---|"]
+    data = {"coef": dict(zip(TG_TERMS, map(float, coef))), "median_rel_error": float(np.median(errors)),
+            "host_gb_span": span, "host_cost_identified": identified}
     for budget, sides in answers.items():
         for side, (config, measured) in sides.items():
             f = features_of(shape, config)
             less = dataclasses.replace(f, cpu_gb=0.95 * f.cpu_gb)
             model_tg, fewer = (float(predict(coef, x.tg_row()[None])[0]) for x in (f, less))
-            lines.append(f"| {budget:.0f} | {side} | {f.cpu_gb:.3f} | {measured:.1f} | {model_tg:.1f} | "
-                         f"{fewer:.1f} (+{fewer / model_tg - 1:.1%}) |")
+            gain = f"{fewer:.1f} (+{fewer / model_tg - 1:.1%})" if identified else "not identified"
+            lines.append(f"| {budget:.0f} | {side} | {f.cpu_gb:.3f} | {measured:.1f} | {model_tg:.1f} | {gain} |")
             data[f"{budget:.0f}-{side}"] = {"cpu_gb": f.cpu_gb, "measured": measured, "model": model_tg,
-                                            "fewer_host_bytes": fewer}
+                                            "fewer_host_bytes": fewer if identified else None}
     return lines, data
 
 

@@ -1,0 +1,49 @@
+"""The vs-fit benchmark's measured account (benchmarks/vs_fit.py): the host's cost per GB is read from measurements
+that left different expert bytes in RAM, and where they all read about the same (one budget's sweep ends on one
+placement) the account says it cannot tell, instead of printing the fit's arbitrary split as a gain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoinfer.engines.base import TrialConfig
+from autoinfer.model.performance import features_of
+from autoinfer.model.shape import shape_from_gguf
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _config(model: Path, layers: int, threads: int = 2) -> TrialConfig:
+    return TrialConfig.from_params({"model": str(model), "n_gpu_layers": 99, "placement": "last",
+                                    "cpu_expert_layers": layers, "threads": threads})
+
+
+def _account(monkeypatch, model: Path, layer_counts: list[int]):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import measured_account
+
+    shape = shape_from_gguf(model)
+    # tg from a host that spends 20 ms per GB of experts in RAM and 4 ms per GB on the GPU
+    observations = []
+    for layers in layer_counts:
+        for threads in (1, 2):
+            config = _config(model, layers, threads)
+            f = features_of(shape, config)
+            observations.append((config, 1 / (0.02 * f.cpu_gb + 0.004 * f.gpu_gb + 1e-4)))
+    answers = {8192.0: {"fit": observations[-1]}}  # the most experts in RAM
+    return measured_account(model, observations, answers)
+
+
+def test_the_host_cost_is_read_where_the_measurements_span_host_bytes(monkeypatch, tiny_model):
+    lines, data = _account(monkeypatch, tiny_model, [0, 1, 2])
+    assert data["host_cost_identified"] and data["host_gb_span"] > 1
+    assert data["8192-fit"]["fewer_host_bytes"] > data["8192-fit"]["model"]
+    assert not any("not identified" in line for line in lines)
+
+
+def test_measurements_of_one_placement_leave_the_host_cost_unidentified(monkeypatch, tiny_model):
+    lines, data = _account(monkeypatch, tiny_model, [1])
+    assert not data["host_cost_identified"] and data["host_gb_span"] == 0
+    assert data["8192-fit"]["fewer_host_bytes"] is None
+    assert any("too alike to tell the host's cost" in line for line in lines)
+    assert lines[-1].endswith("| not identified |")
