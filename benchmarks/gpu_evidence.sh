@@ -7,6 +7,8 @@
 #       ~20 minutes: run it again until it reports every row),
 #       repack (a fourth, never seen by the search: weight repacking x flash attention x K cache at 10 placements,
 #       80 rows, ~10 minutes),
+#       partial (a fifth: part of one more layer's FFN in RAM (partial_experts 0/1/2) x threads at 18 placements
+#       around the 8, 12 and 16 GiB boundaries, 108 rows, ~13 minutes),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
@@ -63,6 +65,12 @@ for step in "$@"; do
         --grid cpu_expert_layers=4-40+4 repack=1,0 flash_attn=on,off type_k=f16,q8_0 \
         --fixed n_gpu_layers=99 placement=last threads=16 ubatch=512 load_mode=mmap \
         --n-prompt 512 --n-gen 32 --repetitions 2 --seed 11 --max-minutes "${KNOB_MINUTES:-11}" --resume
+      ;;
+    partial)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h100-35b-partial.csv" \
+        --grid cpu_expert_layers=5,6,7,8,9,10,15,16,17,18,19,20,25,26,27,28,29,30 partial_experts=0,1,2 threads=12,16 \
+        --fixed n_gpu_layers=99 placement=last flash_attn=on ubatch=512 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --seed 13 --max-minutes "${KNOB_MINUTES:-14}" --resume
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \
