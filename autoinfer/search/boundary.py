@@ -25,7 +25,10 @@
    deviation short, KAPPA), the likeliest first. A value never measured is expected to do what a typical value
    of its knob does (of an ordered knob: like its measured neighbours, and along their trend), with the prior's
    spread; a move already measured worse from an earlier incumbent is not measured again, nor one whose re-fitted
-   placement costs more than the knobs can win back. An improvement moves the incumbent and the moves restart from it.
+   placement costs more than the knobs can win back. The GPU share one step below the incumbent's (the placement
+   predicted fastest after its own) is a move too, with a process's luck as its spread: the most weights on the GPU
+   are not always the fastest (part of a layer split across host and GPU). An improvement moves the incumbent and
+   the moves restart from it.
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
@@ -62,7 +65,7 @@ from autoinfer.engines.base import Measurement, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers, partial_layer
 from autoinfer.search.context import SearchContext, typical
-from autoinfer.search.effects import KnobEffects, numeric
+from autoinfer.search.effects import RESIDUAL_SD, KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
 from autoinfer.search.graft import graft
 from autoinfer.search.memory_screen import MemoryScreen
@@ -333,13 +336,44 @@ class Boundary:
                 if chance > GATE:  # chances within a percent are a tie: the knob order decides
                     later = knob in self.deferred and self._placed(params, incumbent) <= 0.0
                     moves.append((later, -round(chance, 2), rank, knob, value, params, gain, sd, why))
+        down = self._step_down(incumbent, base, tried)
+        if down is not None:
+            params, what = down
+            gain, sd = self._gain(params, incumbent, effects)
+            sd = math.hypot(sd, RESIDUAL_SD)
+            if _chance(gain, sd) > GATE:
+                moves.append((False, -round(_chance(gain, sd), 2), len(self.knobs), "", what, params, gain, sd, ""))
         if not moves:
             return None
         later, _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:3])
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
-        return Choice(params, f"local: {knob} {base[knob]} → {value} from trial {incumbent.number}, predicted "
-                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}",
-                      chance=_chance(gain, sd))
+        move = f"{knob} {base[knob]} → {value}" if knob else f"one GPU share down, {value},"
+        return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
+                              f"{sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}", chance=_chance(gain, sd))
+
+    def _step_down(self, incumbent: Seen, base: dict[str, Any], tried: set[str]) -> tuple[dict[str, Any], str] | None:
+        """The incumbent's knobs with the next GPU share below its own (the placement predicted fastest after
+        the incumbent's, among those predicted to fit), and the share's change in words; None where it was
+        measured. The boundary assumes the most weights on the GPU are the fastest; the share just below is
+        measured where the model's ratio, with a process's luck in the incumbent's measurement (RESIDUAL_SD),
+        leaves it a chance. Part of a layer split across host and GPU ran slower than the whole layer in RAM on an
+        H100 (h100-35b-partial.csv: 7 layers plus layer 33's gate and down in RAM, 16 threads, 101 tok/s; 8 whole
+        layers 127), which the model's bytes cannot see."""
+        if not self.share or incumbent.config is None or str(incumbent.config.model) not in self.perf:
+            return None
+        own = self.perf[str(incumbent.config.model)].score(incumbent.config, self.weights)
+        budget = self.ctx.budget_mib
+        pool = self._prefer_experts([c for c in self._candidates(base) if budget is None or c.mib <= budget])
+        below = [c for c in pool if c.speed < own]
+        if not below:
+            return None
+        step = max(below, key=lambda c: (c.speed, -c.mib))
+        params = {**step.params, **base}
+        if self._same(params) in tried:
+            return None
+        what = ", ".join(f"{k} {incumbent.params.get(k)} → {v}" for k, v in step.params.items()
+                         if incumbent.params.get(k) != v)
+        return params, what
 
     def _combinations(self, incumbent: Seen, seen: list[Seen], asked: list[dict], tried: set[str],
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:

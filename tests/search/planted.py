@@ -51,9 +51,12 @@ def planted_speeds(experts_cpu: float, whole: int, spread: bool, ubatch: int) ->
     return 1 / t, 9000 / (1 + experts_cpu * 0.02 + whole * 0.06) * (1 + 0.15 * np.log2(ubatch / 512))
 
 
-def planted_table(folder: Path, seed: int = 0, partial: bool = False) -> Path:
+def planted_table(folder: Path, seed: int = 0, partial: bool = False, split_cost: float = 0.0,
+                  exact_memory: bool = False) -> Path:
     """Write planted.csv (+ planted.shape.json) into folder: n_gpu_layers × placement × cpu_expert_layers × ubatch
-    (× partial_experts 0/1/2 with all layers on the GPU, where `partial`)."""
+    (× partial_experts 0/1/2 with all layers on the GPU, where `partial`; a layer's gate and down in RAM without
+    its up projections costs `split_cost` of tg, which byte counts do not show). Peaks are the memory model's prior
+    off by 4% and 250 MiB, with noise; its prior itself where `exact_memory`."""
     rng = np.random.default_rng(seed)
     shape = shape_35b()
     truth = MemoryModel(shape, "device")  # its prior is the planted truth for memory (plus noise)
@@ -74,7 +77,9 @@ def planted_table(folder: Path, seed: int = 0, partial: bool = False) -> Path:
                         part = share[parts] / sum(experts.values()) if split is not None else 0.0
                         tg, pp = planted_speeds(len(cpu_layers | set(range(whole))) + part, whole,
                                                 placement == "even", ubatch)
+                        tg /= 1 + (split_cost if split is not None and parts == 2 else 0.0)
                         vram = truth.predict(config).mib * 1.04 + 250 + rng.normal(0, 30)
+                        vram = truth.predict(config).mib if exact_memory else vram
                         tg_s = tg * (1 + rng.normal(0, 0.04, 5))
                         pp_s = pp * (1 + rng.normal(0, 0.1, 5))
                         rows.append({"n_gpu_layers": ngl, "placement": placement, "cpu_expert_layers": count,
