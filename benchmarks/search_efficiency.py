@@ -38,7 +38,8 @@ the search unseen with both replays (463 traced after); 472-495 judged it unseen
 after), and 304-351 and 424-495 a screening design offline (benchmarks/screening_design.py, not kept);
 448-471 judged the prompt-only knobs' moves last, which 496-519 judged unseen (kept); 520-543 judged the search
 unseen once more, unchanged in replays; 544-567 judged it unseen with the measured tables, 10 seeds, beside the
-probe sized by the memory model's errors (kept: the same trials; benchmarks/results/search-efficiency.md).
+probe sized by the memory model's errors (kept: the same trials; benchmarks/results/search-efficiency.md), then
+one GPU share down as a local move, developed on the H100 partial table (kept: the same trials seed by seed).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
