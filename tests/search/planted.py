@@ -78,8 +78,9 @@ def planted_table(folder: Path, seed: int = 0, partial: bool = False, split_cost
                         tg, pp = planted_speeds(len(cpu_layers | set(range(whole))) + part, whole,
                                                 placement == "even", ubatch)
                         tg /= 1 + (split_cost if split is not None and parts == 2 else 0.0)
-                        vram = truth.predict(config).mib * 1.04 + 250 + rng.normal(0, 30)
-                        vram = truth.predict(config).mib if exact_memory else vram
+                        prior = truth.predict(config).mib
+                        off = prior * 0.04 + 250 + rng.normal(0, 30)  # drawn either way: the same noise after it
+                        vram = prior if exact_memory else prior + off
                         tg_s = tg * (1 + rng.normal(0, 0.04, 5))
                         pp_s = pp * (1 + rng.normal(0, 0.1, 5))
                         rows.append({"n_gpu_layers": ngl, "placement": placement, "cpu_expert_layers": count,

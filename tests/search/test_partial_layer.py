@@ -63,12 +63,12 @@ def _budget(planted: Path) -> float:
     return float(peaks[1] + 60)
 
 
-def _sweep(planted: Path, partial: list[int], trials: int = 8, fit: bool = False, budget: float | None = None):
+def _sweep(planted: Path, partial: list[int], trials: int = 8, fit: bool = False):
     spec = {"name": "partial", "engine": "replay", "engine_options": {"table": str(planted)}, "model": str(planted),
             "space": {"n_gpu_layers": 41, "placement": ["last", "first"],
                       "cpu_expert_layers": {"low": 0, "high": N_LAYERS, "step": 2}, "partial_experts": partial,
                       "ubatch": [512, 1024]},  # 256 would fit 16 whole layers
-            "constraints": {"vram_mib": budget or _budget(planted)}, "budget": {"trials": trials}, "objective": "tg",
+            "constraints": {"vram_mib": _budget(planted)}, "budget": {"trials": trials}, "objective": "tg",
             "search": {"informed": True, "strategy": "boundary", "fit_params": fit}, **OFFLINE}
     return Store(sweep(parse_campaign(spec), storage=MEMORY_STORAGE, progress=False).study).records()
 
@@ -112,7 +112,6 @@ def test_after_a_measured_fit_next_to_the_budget_the_calibrated_model_is_not_pro
     over = [t for t in trials if t.predicted_mib is not None and t.predicted_mib > budget]
     assert trials[0].label is not None and trials[0].params["cpu_expert_layers"] == 18
     assert len(over) <= 1, [(t.number, t.predicted_mib, t.vram_peak_mib, t.search_reason) for t in trials]
-
 
 
 def test_the_share_below_the_boundary_is_measured_where_the_boundary_runs_slower_than_its_bytes_say(tmp_path):
