@@ -178,6 +178,7 @@ class Boundary:
         self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
         self.grafts = self.fit_baseline  # its placement with the search's knobs (search/graft.py)
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
+        self._shares: dict[str, list[Candidate]] = {}  # the GPU shares per knob values (_candidates), one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
         self._probe = 0.0  # MiB over the budget a placement next to a measured fit is still measured, one proposal long
 
@@ -277,7 +278,7 @@ class Boundary:
                                             if t.state in pending and t.fit_override_tensors is None]
         tried = {self._same(p) for p in asked}
         self._calibrate(seen)
-        self._memo = {}
+        self._memo, self._shares = {}, {}
         self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
         self._probe = self._probe_margin(trials)
         scored = [s for s in seen if s.score is not None]
@@ -341,8 +342,9 @@ class Boundary:
             params, what = down
             gain, sd = self._gain(params, incumbent, effects)
             sd = math.hypot(sd, RESIDUAL_SD)
-            if _chance(gain, sd) > GATE:
-                moves.append((False, -round(_chance(gain, sd), 2), len(self.knobs), "", what, params, gain, sd, ""))
+            chance = _chance(gain, sd)
+            if chance > GATE:
+                moves.append((False, -round(chance, 2), len(self.knobs), "", what, params, gain, sd, ""))
         if not moves:
             return None
         later, _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:3])
@@ -604,7 +606,11 @@ class Boundary:
 
     def _candidates(self, knobs: dict[str, Any]) -> list[Candidate]:
         """Every distinct GPU share in the space with these knob values: expert placements with all layers on the
-        GPU, whole-layer placements without expert offload (the combination is dominated), each split."""
+        GPU, whole-layer placements without expert offload (the combination is dominated), each split. Once per
+        proposal: the boundary and the step down below the incumbent ask for the same knobs."""
+        memo = json.dumps(knobs, sort_keys=True, default=str)
+        if memo in self._shares:
+            return self._shares[memo]
         ngls = self.values.get("n_gpu_layers", [None])
         top = max(ngls) if ngls != [None] else None
         experts = [n for n in ("n_cpu_moe", "cpu_expert_layers", "partial_experts") if n in self.share]
@@ -635,7 +641,8 @@ class Boundary:
                 pred = self._predict(config)
                 out[key] = Candidate(params, config, pred if pred is not None else 0.0,
                                      self.perf[path].score(config, self.weights), whole)
-        return list(out.values())
+        self._shares[memo] = list(out.values())
+        return self._shares[memo]
 
     # -- what the trials say ---------------------------------------------------------------------------------
     def _config(self, params: dict[str, Any]) -> TrialConfig:
