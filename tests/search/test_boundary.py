@@ -219,10 +219,11 @@ def test_a_share_measured_over_is_not_probed_again_under_another_pattern(tmp_pat
     """Synthetic table 297 at 12 GiB: experts of 10 layers in RAM measured 12593 MiB with the `last` pattern
     (trial 1). Before any pair of trials told how far the memory model's predicted differences miss, nothing was
     carried over, so the `even` pattern's move probed the same share (12593 MiB again). The predicted difference,
-    trusted to within its own size, keeps it out: one trial over the budget, not two."""
+    trusted to within its own size, keeps it out: at most one trial over the budget, not two (none since a probe
+    next to a measured fit is sized by the spread of its predicted difference from that fit)."""
     monkeypatch.syspath_prepend(str(TABLES.parent))
     from synthetic_tables import synthetic_table
 
     study = _replay(synthetic_table(tmp_path, 297), 12288.0, trials=12)
     over = [t for t in _measured(study) if t.outcome == "infeasible"]
-    assert len(over) == 1, [(t.number, t.search_reason) for t in _measured(study)]
+    assert len(over) <= 1, [(t.number, t.search_reason) for t in _measured(study)]

@@ -95,23 +95,28 @@ def test_placements_predicted_over_are_probed_only_within_the_models_measured_er
                 for i, (peak, pred) in enumerate(pairs)]
 
     prior = (12328.0, 12109.0)  # the first prediction, before any measured peak
-    assert boundary._probe_margin(measured(prior, (12186.0, 12162.0))) == pytest.approx(0.03 * 12288)
+    assert boundary._probe_margin(measured(prior, (12186.0, 12162.0))) is None  # one error: _margin says
     calibrated = boundary._probe_margin(measured(prior, (12186.0, 12162.0), (12618.0, 12612.0), (12472.0, 12465.0)))
     assert calibrated == pytest.approx(1.4826 * 7.0)
     assert boundary._probe_margin(measured(prior, (12900.0, 12100.0), (11500.0, 12300.0))) == pytest.approx(0.03 * 12288)
 
 
 def test_after_a_measured_fit_next_to_the_budget_the_calibrated_model_is_not_probed_over_it(planted, monkeypatch):
-    """llama-fit-params' answer (18 whole layers, a stand-in) measures a peak next to the budget; of the placements
-    between it and 16 whole layers, only 16 whole layers is probed (while the model's own error is not known); then
-    the placement measured next fits (16 layers and one more layer's down projections)."""
+    """llama-fit-params' answer (18 whole layers, a stand-in) measures a peak next to the budget. While the model's
+    own error is not known, a placement predicted over the budget is probed only within the spread of its predicted
+    difference from that answer: 16 whole layers, predicted over by less than the fixed 3% probe but by more than
+    that spread, is not measured (it is over); the next trial is the placement that fits (16 layers and one more
+    layer's down projections). On an H100 the fixed probe spent 3 of 30 trials this way."""
     monkeypatch.setattr(ReplayEngine, "baseline",
                         lambda self, *a: Baseline(41, expert_override(range(N_LAYERS - 18, N_LAYERS)), None, "stand-in"))
     trials = _sweep(planted, [0, 1, 2], trials=10, fit=True)
     budget = _budget(planted)
-    over = [t for t in trials if t.predicted_mib is not None and t.predicted_mib > budget]
+    shown = [(t.number, t.params, t.predicted_mib, t.vram_peak_mib, t.search_reason) for t in trials]
     assert trials[0].label is not None and trials[0].params["cpu_expert_layers"] == 18
-    assert len(over) <= 1, [(t.number, t.predicted_mib, t.vram_peak_mib, t.search_reason) for t in trials]
+    assert (trials[1].params["cpu_expert_layers"], trials[1].params["partial_experts"]) == (16, 1), shown
+    assert trials[1].vram_peak_mib <= budget
+    searched = [t for t in trials if t.is_finished and not t.search_reason.startswith("sampler")]
+    assert not any(t.predicted_mib > budget for t in searched), shown
 
 
 def test_the_share_below_the_boundary_is_measured_where_the_boundary_runs_slower_than_its_bytes_say(tmp_path):
