@@ -100,7 +100,12 @@ class MemoryModel:
         kv_per_token = s.n_head_kv * (s.key_length * KV_BYTES.get(type_k, 2.0) + s.value_length * KV_BYTES.get(type_v, 2.0))
         ub = max(1, min(ubatch, batch))
         scores = 0 if flash_attn == "on" else 4 * s.n_head * n_ctx
-        per_token = 4 * (s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)  # logits: output's device
+        per_token = 4 * (s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)
+        # llama.cpp's graph allocator reuses a tensor's buffer once it is consumed, so the compute buffer holds the
+        # largest set alive at once: on the output's device the logits beside the last hidden state. Summed with the
+        # layers' tensors it put ubatch 512 → 256 at 271 MiB on the 35B stand-in where an H100 freed 228-242
+        # (benchmarks/results/vs-fit-h100.md).
+        output = max(per_token, 4 * (s.vocab + s.hidden))
         offload_copy = 0.0
         if gpu and ub >= OP_OFFLOAD_MIN_BATCH:
             cpu_layers = layers_on_cpu([*overrides, *ncmoe_patterns(ncmoe)],
@@ -119,7 +124,7 @@ class MemoryModel:
             weights = placement_bytes(s, ngl, ncmoe, overrides, gpu=gpu)
             first_gpu = first_gpu_layer(ngl, s.n_layers)
             cache = cache_of([i for i in range(s.n_layers) if not gpu or i >= first_gpu])
-            compute = ub * (per_token + 4 * s.vocab + scores)
+            compute = ub * (output + scores)
             return np.array([[weights.gpu_bytes if gpu else weights.cpu_bytes + weights.gpu_bytes,
                               cache, compute, offload_copy, MIB]]) / MIB
         devices = layer_devices(s.n_layers, ngl, shares)
@@ -127,7 +132,7 @@ class MemoryModel:
         rows = []
         for k in range(len(shares)):
             cache = cache_of([i for i in range(s.n_layers) if devices[i] == k])
-            compute = ub * (per_token + scores + (4 * s.vocab if devices[s.n_layers] == k else 0))
+            compute = ub * ((output if devices[s.n_layers] == k else per_token) + scores)
             rows.append([weights_k[k], cache, compute, offload_copy if k == 0 else 0.0, MIB])
         return np.array(rows) / MIB
 

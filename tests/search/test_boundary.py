@@ -184,20 +184,22 @@ def test_status_shows_what_the_search_knows_of_the_space(tmp_path):
 
 
 def test_a_placement_measured_over_with_some_knobs_is_carried_over_to_knobs_that_fit(tmp_path, monkeypatch):
-    """Synthetic table 108 at 12 GiB: experts of 28 layers in RAM fit only with a q8_0 K cache and flash
-    attention (12282 MiB); with f16 and flash attention off they measured 12307. The memory model alone puts the
-    fitting combination over the budget, so the search used to stay at 32 layers (9% slower); the measured peak,
-    carried over by the model's predicted difference, says it fits, and it is measured."""
+    """Synthetic table 108 at 12247.6 MiB (12 GiB less the 40.4 MiB its ubatch-512 rows lost when the compute
+    buffer became the largest set alive at once, so the table's budget sits where it sat): experts of 28 layers in
+    RAM fit only with a q8_0 K cache and flash attention (12241.7 MiB); with f16 and flash attention off they
+    measured 12266.5. The memory model alone puts the fitting combination over the budget, so the search used to
+    stay at 32 layers (9% slower); the measured peak, carried over by the model's predicted difference, says it
+    fits, and it is measured."""
     monkeypatch.syspath_prepend(str(TABLES.parent))
     from synthetic_tables import synthetic_table
 
     table = synthetic_table(tmp_path, 108)
-    study = _replay(table, 12288.0, trials=14, seed=2)
+    study = _replay(table, 12247.6, trials=14, seed=2)
     measured = _measured(study)
     reasons = [t.search_reason for t in measured]
     carried = [t for t in measured if "carried over to fit" in str(t.search_reason)]
     assert carried, reasons
-    assert all(t.params["cpu_expert_layers"] == 28 and t.vram_peak_mib <= 12288.0 for t in carried), reasons
+    assert all(t.params["cpu_expert_layers"] == 28 and t.vram_peak_mib <= 12247.6 for t in carried), reasons
 
 
 def test_a_command_line_is_measured_once_under_whichever_placement_name(tmp_path, monkeypatch):
