@@ -589,13 +589,13 @@ class Boundary:
         there, one measured fit (llama-fit-params' answer) sent the next trial to a placement predicted 254-388
         MiB over the budget on an H100: 3 of 30 trials at 8, 12 and 16 GiB, each over by what was predicted
         (benchmarks/results/vs-fit-h100.md)."""
-        budget = self.ctx.budget_mib
-        if nearest is None or budget is None:
+        if nearest is None:
             return 0.0
         if self._probe is not None:
             return self._probe
-        diff = self.memory.difference(candidate.config, nearest.config) if nearest.config is not None else None
-        return PROBE * budget if diff is None else min(PROBE * budget, KAPPA * diff[1])
+        cap = PROBE * self.ctx.budget_mib  # _boundary asks only with a budget, of a group of trials with configs
+        diff = self.memory.difference(candidate.config, nearest.config)
+        return cap if diff is None else min(cap, KAPPA * diff[1])
 
     def _difference_miss(self, seen: list[Seen]) -> float | None:
         """Root mean square of measured minus predicted peak differences over pairs of trials of one GPU share
