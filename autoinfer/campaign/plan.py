@@ -12,10 +12,10 @@ from typing import Any
 from optuna.distributions import BaseDistribution
 from rich.console import Console
 
-from autoinfer.campaign.space import distributions
+from autoinfer.campaign.space import allowed, distributions
 from autoinfer.campaign.spec import Campaign, check_space
 from autoinfer.engines import base
-from autoinfer.engines.base import Decision, Engine
+from autoinfer.engines.base import Decision, Engine, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
 from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
@@ -28,6 +28,7 @@ class CampaignPlan:
     distributions: dict[str, BaseDistribution]
     models: dict[str, str]  # campaign model entry → the file (or label) the engine runs
     decisions: tuple[Decision, ...]  # settings the engine imposes on every trial here
+    notes: tuple[str, ...] = ()  # what the loop decided about the space here, for the study's search notes
 
 
 def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None = None) -> CampaignPlan:
@@ -43,7 +44,32 @@ def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None 
         check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
-    return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions)
+    notes = tuple(n for n in [batches_run_smaller(engine, campaign)] if n)
+    for note in notes:
+        Console(stderr=True).print(f"decision: {note}", markup=False, soft_wrap=True)
+    return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions, notes)
+
+
+def batches_run_smaller(engine: Engine, campaign: Campaign) -> str | None:
+    """Which batch and ubatch values of the space run as smaller ones here (Engine.as_run): each such configuration
+    is measured once, under the values that ran. None when every value runs as itself."""
+    fixed = TrialConfig.from_params({**campaign.fixed(), "model": "-"})
+    context = engine.batch_context(fixed)
+    if context is None:
+        return None
+    moved = []
+    for name in ("batch", "ubatch"):
+        runs = {v: getattr(engine.as_run(fixed.with_(**{name: v})), name) for v in allowed(campaign, name) or []}
+        smaller = {}
+        for value, ran in runs.items():
+            if ran != value:
+                smaller.setdefault(ran, []).append(str(value))
+        moved += [f"{name} {', '.join(values)} as {ran}" for ran, values in smaller.items()]
+    if not moved:
+        return None
+    return (f"{'; '.join(moved)}: llama.cpp caps a batch at the context, here {context} tokens (the longest the "
+            f"{campaign.engine} engine creates for this campaign's measure), and the ubatch at the batch, so such "
+            "values are measured once, under the values that ran; raise measure.n_prompt to measure larger ones")
 
 
 def imposed_settings(engine: Engine, campaign: Campaign) -> tuple[Decision, ...]:

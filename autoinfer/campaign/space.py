@@ -29,6 +29,18 @@ def distributions(campaign: Campaign) -> dict[str, BaseDistribution]:
     return out
 
 
+def allowed(campaign: Campaign, name: str) -> list[Any] | None:
+    """Every value a parameter may take in the campaign (None: not in the space)."""
+    spec = campaign.space.get(name)
+    if spec is None:
+        return None
+    if isinstance(spec, IntRange):
+        return list(range(spec.low, spec.high + 1, spec.step))
+    if isinstance(spec, FloatRange):
+        return [spec.low, (spec.low + spec.high) / 2, spec.high]
+    return list(spec) if isinstance(spec, list) else [spec]
+
+
 def to_config(campaign: Campaign, params: dict[str, Any], models: dict[str, str]) -> TrialConfig:
     """Merge fixed and suggested parameters into a TrialConfig; `models` maps campaign model names to files."""
     merged = {**campaign.fixed(), **params}

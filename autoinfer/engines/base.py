@@ -153,6 +153,23 @@ class Engine(ABC):
         """Why the engine would refuse this configuration, known without running it; None when it would run."""
         return None
 
+    def batch_context(self, config: TrialConfig) -> int | None:
+        """The largest context (tokens) the engine creates for this configuration, where llama.cpp caps its batches;
+        None where its batches are not capped by a context it creates (a replay table's rows are as measured)."""
+        return None
+
+    def as_run(self, config: TrialConfig) -> TrialConfig:
+        """`config` with batch and ubatch as llama.cpp runs them: a causal model's batch is capped at the context and
+        the ubatch at the batch (llama_context's constructor), so a larger value names the same run. It is measured
+        once, predicted and exported as what ran: llama-bench's 512-token prompt ran ubatch 2048 at the peaks of 512
+        on an H100 (benchmarks/tables/h100-35b-knobs.csv), and llama-server, whose context is larger, would run it
+        larger than measured."""
+        context = self.batch_context(config)
+        if context is None:
+            return config
+        batch = min(config.batch, context)
+        return config.with_(batch=batch, ubatch=min(config.ubatch, batch))
+
     def resolve_models(self, entries: list[str]) -> dict[str, str]:
         """The campaign's model entries as the files (or labels) the engine runs."""
         from autoinfer.model.resolve import resolve_models

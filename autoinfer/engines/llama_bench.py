@@ -133,6 +133,10 @@ class LlamaBenchEngine(LlamaToolsEngine):
         verbose = ["-v"] if "-v" in self.tools.help_flags("llama-bench") else []
         return [str(binary), *verbose, *bench_args(config, self.tools)]
 
+    def batch_context(self, config: TrialConfig) -> int | None:
+        """Each test has its own context: the prompt's for pp, the generation's for tg."""
+        return max(config.n_prompt, config.n_gen)
+
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         argv = self.command(config)
         env = dict(os.environ)

@@ -321,5 +321,9 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
             raise UserError("this llama-server build has no --no-repack flag, needed for repack=0; build a newer "
                             "llama.cpp (`autoinfer build`) or drop repack from the campaign")
         a.argv.append(flag)
-    a.add("-c", server_context(config), name="ctx_size")
+    # every slot's context, and the slots as measured: llama-server's default is 4 (-np -1, auto) where llama-bench
+    # runs one sequence, and a hybrid model's recurrent state is held once per slot (63 MiB per slot on the 35B-A3B)
+    parallel = int(config.get("parallel", 1))
+    a.add("-c", server_context(config) * parallel, name="ctx_size")
+    a.add("-np", parallel, name="parallel", default=1)
     return a.argv

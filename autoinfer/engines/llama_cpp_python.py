@@ -122,6 +122,9 @@ class LlamaCppPythonEngine(LlamaToolsEngine):
             raise UserError(f"llama-cpp-python cannot be loaded ({last}); install its dependencies with "
                             "`pip install 'autoinfer[python]'`")
 
+    def batch_context(self, config: TrialConfig) -> int | None:
+        return server_context(config)  # Llama() caps n_batch at n_ctx itself, as llama.cpp does
+
     def command(self, config: TrialConfig) -> list[str]:
         repack = config.get("repack", 0 if self.tools.repack_off else None)
         spec = {"kwargs": llama_kwargs(config), "n_prompt": config.n_prompt, "n_gen": config.n_gen,

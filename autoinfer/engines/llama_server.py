@@ -162,12 +162,13 @@ class LlamaServerEngine(LlamaToolsEngine):
     binary = "llama-server"
     knobs = {**TRIAL_KNOBS, **SERVER_KNOBS}
 
+    def batch_context(self, config: TrialConfig) -> int | None:
+        return server_context(config) * int(config.get("parallel", 1))
+
     def command(self, config: TrialConfig, port: int) -> list[str]:
-        """llama-server argv: the shared flags, the context sized for every slot, the slots, the address."""
-        parallel = int(config.get("parallel", 1))
+        """llama-server argv: the shared flags (the context sized for every slot, the slots), the address."""
         argv = [str(self.tools.tool("llama-server")), *server_args(config, self.tools)]
-        argv[argv.index("-c") + 1] = str(server_context(config) * parallel)
-        argv += ["-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
         if "--no-webui" in self.tools.help_flags("llama-server"):
             argv.append("--no-webui")
         return argv

@@ -666,7 +666,7 @@ class Boundary:
 
     # -- what the trials say ---------------------------------------------------------------------------------
     def _config(self, params: dict[str, Any]) -> TrialConfig:
-        return to_config(self.campaign, params, self.models)
+        return self.ctx.engine.as_run(to_config(self.campaign, params, self.models))
 
     def _same(self, params: dict[str, Any]) -> str:
         """A key equal for parameters llama.cpp runs alike: the placement pattern is moot where no layer's experts,

@@ -8,23 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoinfer.campaign.spec import Campaign, FloatRange, IntRange
+from autoinfer.campaign.space import allowed
+from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, TrialConfig, capabilities
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.model.placement import PLACEMENT_KEYS
 from autoinfer.model.shape import ModelShape
-
-
-def allowed(campaign: Campaign, name: str) -> list[Any] | None:
-    """Every value a parameter may take in the campaign (None: not in the space)."""
-    spec = campaign.space.get(name)
-    if spec is None:
-        return None
-    if isinstance(spec, IntRange):
-        return list(range(spec.low, spec.high + 1, spec.step))
-    if isinstance(spec, FloatRange):
-        return [spec.low, (spec.low + spec.high) / 2, spec.high]
-    return list(spec) if isinstance(spec, list) else [spec]
 
 
 def typical(campaign: Campaign, name: str) -> Any:

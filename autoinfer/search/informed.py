@@ -95,7 +95,7 @@ class InformedStart:
 
         def config_of(params: dict[str, Any]) -> TrialConfig:
             merged = {**self.ctx.campaign.fixed(), **params, "model": path}
-            return realize(TrialConfig.from_params(merged), shape.n_layers)
+            return realize(self.ctx.engine.as_run(TrialConfig.from_params(merged)), shape.n_layers)
 
         splits = [n for n in ("tensor_split", "expert_split") if n in searched]
         variants = [dict(zip(splits, v)) for v in itertools.product(*(allowed(self.ctx.campaign, n) for n in splits))]

@@ -611,17 +611,28 @@ class DeploymentCheck:
     answer: str  # the start of the completion's text
     tokens: int  # tokens the server generated
     wall_s: float
+    vram_peak_mib: float | None = None  # the server's peaks while it started and served (VRAM: on a GPU)
+    rss_peak_mib: float | None = None
+    memory: str = ""  # its peak against the sweep's measurement and the campaign's budget, in words
+    over_budget: bool = False  # llama-server, run as printed, went over the campaign's memory budget
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
+    def to_attr(self) -> dict[str, Any]:
+        """Stored without the fields still at their default (a check of an earlier version had none of them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.default is MISSING or getattr(self, f.name) != f.default}
+
     def line(self) -> str:
         """One line for status, the sweep's summary and the report."""
+        memory = f"; {self.memory}" if self.memory else ""
         if self.status == "passed":
             return (f"passed: llama-server answered /completion with {self.tokens} tokens ({self.answer!r}) "
-                    f"in {self.wall_s:.1f} s (trial {self.trial})")
-        return f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
+                    f"in {self.wall_s:.1f} s (trial {self.trial}){memory}")
+        return (f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
+                + memory)
 
 
 @dataclass(frozen=True)
@@ -668,7 +679,8 @@ class StudyRecord:
     imposed_settings: tuple[Decision, ...] = _attr(factory=tuple, decode=_decisions,
                                                    encode=lambda v: [asdict(d) for d in v])
     hardware_class: HardwareClass | None = _attr(decode=HardwareClass.from_attr, encode=asdict)
-    deployment_check: DeploymentCheck | None = _attr(decode=lambda v: DeploymentCheck(**v), encode=asdict)
+    deployment_check: DeploymentCheck | None = _attr(decode=lambda v: DeploymentCheck(**v),
+                                                      encode=DeploymentCheck.to_attr)
     imported_files: tuple[str, ...] = _attr(factory=tuple, decode=_tuple, encode=_list)
     import_junk: tuple[ImportJunk, ...] = _attr(factory=tuple, decode=lambda v: tuple(ImportJunk(**j) for j in v),
                                                 encode=lambda v: [asdict(j) for j in v])

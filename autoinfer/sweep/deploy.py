@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import time
+from dataclasses import replace
 from typing import Callable
 
 import optuna
@@ -23,9 +24,10 @@ from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure
 from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, wait_healthy
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
+from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.process import IsolatedProcess
 from autoinfer.store import trials as store
-from autoinfer.store.records import DeploymentCheck
+from autoinfer.store.records import DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 
 PROMPT = "The quick brown fox"
@@ -34,18 +36,23 @@ _POLL_S = 0.1
 _EXIT_WAIT_S = 3.0  # a server that dropped the connection is usually still dying (an abort writes a core first)
 
 
-def run_check(command: list[str], timeout_s: float, trial: int | None = None) -> DeploymentCheck:
-    """Start `command` (plus a loopback port), wait until healthy, ask for a short completion, stop it."""
+def run_check(command: list[str], timeout_s: float, trial: int | None = None,
+              gpus: tuple[int, ...] = ()) -> DeploymentCheck:
+    """Start `command` (plus a loopback port), wait until healthy, ask for a short completion, stop it; its peak
+    memory is sampled as a trial's is (VRAM on `gpus`)."""
     port = free_port()
     argv = [*command, "--host", "127.0.0.1", "--port", str(port)]
     started = time.monotonic()
     client = Client(port, started + timeout_s)
     printed = shlex.join(command)
 
-    def result(status: str, reason: str, answer: str = "", tokens: int = 0) -> DeploymentCheck:
-        return DeploymentCheck(status, reason, trial, printed, answer, tokens, round(time.monotonic() - started, 2))
+    res = None
 
-    proc = IsolatedProcess(argv, env=dict(os.environ))
+    def result(status: str, reason: str, answer: str = "", tokens: int = 0) -> DeploymentCheck:
+        return DeploymentCheck(status, reason, trial, printed, answer, tokens, round(time.monotonic() - started, 2),
+                               res.vram_peak_mib if res else None, res.rss_peak_mib if res else None)
+
+    proc = IsolatedProcess(argv, env=dict(os.environ), gpus=gpus)
     try:
         proc.start()
     except UserError as exc:  # the program is missing or not executable
@@ -94,9 +101,32 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
                                     "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
         else:
             announce()
-            check = run_check(command, campaign.measure.timeout_s, best.trial.number)
+            check = against_budget(run_check(command, campaign.measure.timeout_s, best.trial.number,
+                                             tuple(measured_gpus())), best.trial, campaign)
     record(study, check)
     return check
+
+
+def against_budget(check: DeploymentCheck, trial: TrialRecord, campaign: Campaign) -> DeploymentCheck:
+    """The server's peak beside the sweep's measurement of the same configuration and the campaign's budget: the
+    sweep measured llama-bench, whose process is not llama-server's (left to its default of four slots, this
+    llama-server would hold a hybrid model's recurrent state four times). Over the budget is said and recorded, not
+    failed: how far the two programs' peaks differ on a GPU is not measured yet."""
+    gpu = check.vram_peak_mib is not None
+    peak = check.vram_peak_mib if gpu else check.rss_peak_mib
+    if peak is None:
+        return check
+    side = "VRAM" if gpu else "RSS"
+    measured = trial.vram_peak_mib if gpu else trial.rss_peak_mib
+    budget = campaign.constraints.vram_mib if gpu else campaign.constraints.ram_mib
+    words = f"llama-server's peak {side} {peak:.0f} MiB"
+    if measured:
+        words += f" (the sweep measured {measured:.0f})"
+    over = budget is not None and peak > budget
+    if budget is not None:
+        words += f", over the {budget:.0f} MiB budget by {peak - budget:.0f}" if over else \
+            f", within the {budget:.0f} MiB budget"
+    return replace(check, memory=words, over_budget=over)
 
 
 def record(study: optuna.Study, check: DeploymentCheck) -> None:

@@ -142,7 +142,11 @@ def print_deployment_check(console: Console, check: DeploymentCheck) -> None:
         console.print(f"  reason: {check.reason}", markup=False, highlight=False)
         console.print(f"  command: {check.command}", markup=False, highlight=False, soft_wrap=True)
     elif check.status == "passed":
-        console.print(f"deployment check {check.line()}", style="green", markup=False, highlight=False)
+        console.print(f"deployment check {check.line()}", style="yellow" if check.over_budget else "green",
+                      markup=False, highlight=False)
+        if check.over_budget:
+            console.print("[bold yellow]WARNING[/bold yellow]: as printed, llama-server went over the memory "
+                          "budget; the sweep's peak is llama-bench's.")
     else:
         console.print(f"deployment check {check.line()}", markup=False, highlight=False)
 

@@ -207,6 +207,9 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
             if decisions:
                 study_store.write_study(imposed_settings=decisions)
         ctx = SearchContext.create(campaign, engine, models)
+        if ready.notes:
+            ctx.notes.extend(ready.notes)
+            study_store.write_study(search_notes=tuple(ctx.notes))
         strategy = select.create(ctx, MemoryScreen.create(ctx), dists)
         with worker.serialized(study):  # two workers must not both queue a proposal for the last budgeted trial
             strategy.start(study)
@@ -235,7 +238,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     break
                 current[:] = [trial]
                 params: dict[str, Any] = dict(trial.params)  # study.ask(dists) suggested every one
-                config = base.impose(realize_trial(ctx, to_config(campaign, params, models), record_of(trial)), decisions)
+                config = engine.as_run(to_config(campaign, params, models))
+                config = base.impose(realize_trial(ctx, config, record_of(trial)), decisions)
                 write_trial(trial, config=config.to_params())
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})

@@ -28,7 +28,7 @@ space:
   ubatch: [32, 64]
   batch: [64, 128]
 budget: {{trials: 2}}
-measure: {{n_prompt: 16, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
+measure: {{n_prompt: 64, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
 search: {{informed: false}}
 confirm: {{enabled: false}}
 drift: {{every: null}}
@@ -44,7 +44,7 @@ space:
   moe: [loop, grouped]
   torch_threads: 1
 budget: {{trials: 2}}
-measure: {{n_prompt: 16, n_gen: 4, repetitions: 2, timeout_s: 120, max_cv: null}}
+measure: {{n_prompt: 64, n_gen: 4, repetitions: 2, timeout_s: 120, max_cv: null}}
 search: {{informed: false, fit_params: false}}
 confirm: {{enabled: false}}
 drift: {{every: null}}

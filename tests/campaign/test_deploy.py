@@ -7,9 +7,12 @@ Real llama-server (the CPU build) on tiny synthetic models: one with the shipped
 from __future__ import annotations
 
 import optuna
+from optuna.trial import TrialState
 
+from autoinfer.campaign.spec import parse_campaign
 from autoinfer.model.synth import cached_model
-from autoinfer.sweep.deploy import N_PREDICT, DeploymentCheck, record, run_check, stored
+from autoinfer.store.records import TrialRecord
+from autoinfer.sweep.deploy import N_PREDICT, DeploymentCheck, against_budget, record, run_check, stored
 
 
 def _command(llama_tools, model) -> list[str]:
@@ -23,6 +26,26 @@ def test_a_model_with_the_tokenizer_serves_a_completion(llama_tools):
     assert check.tokens == N_PREDICT and check.trial == 3 and 0 < check.wall_s < 120
     assert check.command.split() == command  # recorded as printed, without the loopback address added
     assert check.line().startswith(f"passed: llama-server answered /completion with {N_PREDICT} tokens")
+
+
+def test_the_servers_peak_is_set_against_the_sweeps_and_the_budget(llama_tools):
+    """The sweep measured llama-bench; the check measures the printed llama-server, and says where its peak stands
+    (RSS here, VRAM on a GPU)."""
+    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0")), timeout_s=120, trial=3)
+    assert check.passed and check.vram_peak_mib is None and check.rss_peak_mib > 1, check
+    peak = check.rss_peak_mib
+    trial = TrialRecord(3, TrialState.COMPLETE, values=(1.0,), rss_peak_mib=peak - 20)
+
+    def campaign(ram_mib: float | None):
+        return parse_campaign({"name": "c", "model": "m.gguf", "constraints": {"ram_mib": ram_mib}})
+
+    over = against_budget(check, trial, campaign(peak - 10))
+    assert over.over_budget and over.passed
+    assert over.line().endswith(f"llama-server's peak RSS {peak:.0f} MiB (the sweep measured {peak - 20:.0f}), over "
+                                f"the {peak - 10:.0f} MiB budget by {peak - (peak - 10):.0f}")
+    within = against_budget(check, trial, campaign(peak + 10))
+    assert not within.over_budget and within.line().endswith(f", within the {peak + 10:.0f} MiB budget")
+    assert not against_budget(check, trial, campaign(None)).memory.endswith("budget")
 
 
 def test_a_model_without_a_tokenizer_fails_the_check_with_the_reason(llama_tools):
@@ -43,3 +66,8 @@ def test_the_check_is_stored_on_the_study():
                             1.5)
     record(study, check)
     assert stored(study) == check and check.line() == "failed: llama-server exited before it was ready (trial 2)"
+    measured = DeploymentCheck("passed", "", 2, "llama-server -m m.gguf", "the", 8, 1.5, 8090.0, 900.0,
+                               "llama-server's peak VRAM 8090 MiB, within the 8192 MiB budget")
+    record(study, measured)
+    assert stored(study) == measured and measured.line().endswith("; llama-server's peak VRAM 8090 MiB, within the "
+                                                                  "8192 MiB budget")

@@ -121,7 +121,7 @@ def _tiny_campaign(llama_tools, tiny_model, **keys):
         "name": "drift-e2e",
         "engine_options": {"llama_bin": str(llama_tools.bin_dir)},
         "model": str(tiny_model),
-        "space": {"n_gpu_layers": 0, "threads": 2, "batch": [32, 64, 128, 256]},
+        "space": {"n_gpu_layers": 0, "threads": 2, "batch": [4, 8, 12, 16]},  # within the 16-token context
         "sampler": {"name": "random", "seed": 1},
         "measure": {"n_prompt": 0, "n_gen": 16, "repetitions": 3, "timeout_s": 120, "max_cv": None},
         "confirm": {"enabled": False},

@@ -33,7 +33,7 @@ space:
   type_v: {type_v}
   flash_attn: {flash_attn}
 budget: {{trials: {trials}}}
-measure: {{n_prompt: 16, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
+measure: {{n_prompt: 128, n_gen: {n_gen}, repetitions: 2, timeout_s: 120, max_cv: null}}
 search: {{informed: false}}
 confirm: {{enabled: false}}
 drift: {{every: null}}
@@ -102,10 +102,35 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
     server = cli("export", "--study", "e2e", "--format", "server", cwd=tmp_path, env=env)
     argv = shlex.split(server.stdout)
     assert argv[0].endswith("llama-server") and argv[argv.index("-m") + 1] == str(spaced)
+    assert argv[argv.index("-np") + 1] == "1"  # one slot, as measured: llama-server's own default is four
+    assert "llama-server's peak RSS" in said  # the printed server's own peak, beside the sweep's
     bench = shlex.split(cli("export", "--study", "e2e", "--format", "bench", cwd=tmp_path, env=env).stdout)
     assert bench[bench.index("-m") + 1] == str(spaced)
     run = subprocess.run([*bench, "-r", "1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and '"avg_ts"' in run.stdout  # the exported bench line runs as it is
+
+
+def test_batches_above_the_prompt_are_one_configuration_measured_once(tmp_path, tiny_model, env):
+    """llama.cpp runs a batch above llama-bench's prompt as the prompt's, and a ubatch above the batch as the batch
+    (Engine.as_run): the sweep says so once, measures that one configuration once, answers its other names from the
+    measurement and exports what ran."""
+    path = campaign(tmp_path, [tiny_model], trials=2)
+    path.write_text(path.read_text().replace("n_prompt: 128", "n_prompt: 32"))
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    note = ("batch 64, 128 as 32; ubatch 64 as 32: llama.cpp caps a batch at the context, here 32 tokens (the "
+            "longest the llama-bench engine creates for this campaign's measure)")
+    assert f"decision: {note}" in " ".join(done.stderr.split())
+    trials = study_of(tmp_path).trials
+    measured = [t for t in trials if "repeat_of" not in t.user_attrs]
+    assert len(measured) == 1 and measured[0].user_attrs["outcome"] == "ok"
+    assert len({repr(sorted(t.params.items())) for t in trials}) == 4  # every name of it was asked
+    assert all(t.user_attrs["repeat_of"] == measured[0].number for t in trials if t not in measured)
+    assert all((t.user_attrs["config"]["batch"], t.user_attrs["config"]["ubatch"]) == (32, 32) for t in trials)
+    bench = shlex.split(cli("export", "--study", "e2e", "--format", "bench", cwd=tmp_path, env=env).stdout)
+    assert (bench[bench.index("-b") + 1], bench[bench.index("-ub") + 1]) == ("32", "32")
+    status = cli("status", "--study", "e2e", cwd=tmp_path, env={**env, "COLUMNS": "400"})
+    assert note in " ".join(status.stdout.replace("│", " ").split())
 
 
 def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, env):

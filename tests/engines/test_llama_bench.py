@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sys
@@ -54,6 +55,27 @@ def test_real_run_gives_samples_raw_json_and_memory(engine, llama_tools, tiny_mo
     assert m.vram_peak_mib is None  # no GPU index given
     assert m.metrics["load_mode"] == "mmap" and m.metrics["pp_tokens"] == 32 and m.metrics["tg_tokens"] == 8
     assert m.engine_cmd[0].endswith("llama-bench") and "-v" in m.engine_cmd
+
+
+def test_batches_run_as_llama_cpp_caps_them_at_each_tests_context(engine, tiny_model, tmp_path):
+    """llama.cpp caps a causal model's batch at the context and the ubatch at the batch (llama_context's
+    constructor, logged with -v); llama-bench's pp test holds the prompt, its tg test the generation. `as_run` says
+    the same, so a batch above the prompt is one run with the prompt's batch: measured once, predicted as it ran."""
+    config = trial(tiny_model, repetitions=1, batch=256, ubatch=128)  # a 32-token prompt, 8 generated
+    m = engine.run(config, context(tmp_path))
+    assert m.outcome is Outcome.OK, m.reason
+    ran = engine.as_run(config)
+    assert (ran.batch, ran.ubatch) == (32, 32) and engine.as_run(ran) == ran
+    assert _logged(m.stderr, "n_batch") == [32, 8] and _logged(m.stderr, "n_ubatch") == [32, 8]
+    again = engine.run(ran, context(tmp_path)).stderr  # what it names runs alike
+    assert _logged(again, "n_batch") == [32, 8] and _logged(again, "n_ubatch") == [32, 8]
+    small = trial(tiny_model, batch=16, ubatch=8)
+    assert engine.as_run(small) == small  # within the context: as given
+
+
+def _logged(stderr: str, name: str) -> list[int]:
+    """The values llama_context logged for one of its parameters, one per context created (one per test)."""
+    return [int(v) for v in re.findall(rf"llama_context: {name}\s+=\s+(\d+)", stderr)]
 
 
 def test_model_path_with_spaces_survives(engine, tiny_model, tmp_path):

@@ -94,11 +94,15 @@ def test_measures_prompt_and_generation_with_startup_and_ttft(engine, chat_model
 
 
 def test_parallel_slots_sum_concurrent_requests(engine, chat_model, tmp_path):
-    m = engine.run(trial(chat_model, repetitions=1, extra=(("parallel", 2),)), context(tmp_path))
+    config = trial(chat_model, repetitions=1, batch=2048, ubatch=1024, extra=(("parallel", 2),))
+    m = engine.run(config, context(tmp_path))
     assert m.outcome is Outcome.OK, m.reason
     assert "-np" in m.engine_cmd and m.engine_cmd[m.engine_cmd.index("-np") + 1] == "2"
     # one slot needs 256 tokens of context (32 + 8 rounded up); two slots get twice that
     assert m.engine_cmd[m.engine_cmd.index("-c") + 1] == "512"
+    # llama.cpp caps the batch at the whole context (every slot's) and the ubatch at the batch
+    ran = engine.as_run(config)
+    assert (ran.batch, ran.ubatch) == (512, 512)
     requests = json.loads(m.raw_output)[0]["requests"]
     assert len(requests) == 2
     assert m.tg_samples[0] == pytest.approx(sum(r["predicted_per_second"] for r in requests))
@@ -166,3 +170,4 @@ def test_harness_killed_mid_trial_takes_the_server_with_it(llama_tools, chat_mod
 def test_free_port_is_bindable():
     port = free_port()
     assert 1024 <= port <= 65535 and _port_free(port)
+

@@ -35,7 +35,7 @@ space:
   flash_attn: "on"
   load_mode: [mmap, none]
 budget: {{trials: 3}}
-measure: {{n_prompt: 16, n_gen: 4, repetitions: 1, timeout_s: 120, max_cv: null}}
+measure: {{n_prompt: 128, n_gen: 4, repetitions: 1, timeout_s: 120, max_cv: null}}
 search: {{informed: false}}
 confirm: {{enabled: false}}
 drift: {{every: null}}

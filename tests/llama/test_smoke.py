@@ -117,7 +117,7 @@ def test_a_sweep_on_the_crashing_build_runs_every_trial_with_repack_off(repack_s
     monkeypatch.setenv(ENV_VAR, str(repack_standin))
     campaign = parse_campaign({
         "name": "standin", "model": "synth:tiny", "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [32, 64]},
-        "budget": {"trials": 2}, "measure": {"n_prompt": 8, "n_gen": 4, "repetitions": 2, "max_cv": None},
+        "budget": {"trials": 2}, "measure": {"n_prompt": 64, "n_gen": 4, "repetitions": 2, "max_cv": None},
         "search": {"informed": False}, "confirm": {"enabled": False}, "drift": {"every": None},
         "idle": {"policy": "off"}, "sampler": {"name": "random", "seed": 0},
     })
@@ -196,7 +196,7 @@ def test_a_campaign_whose_trials_all_crash_exits_3_with_a_diagnosis(llama_tools,
     path = tmp_path / "doomed.yaml"
     path.write_text(yaml.safe_dump({
         "name": "doomed", "model": "synth:tiny", "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [32, 64]},
-        "budget": {"trials": 2}, "measure": {"n_prompt": 8, "n_gen": 4, "repetitions": 2, "max_cv": None},
+        "budget": {"trials": 2}, "measure": {"n_prompt": 64, "n_gen": 4, "repetitions": 2, "max_cv": None},
         "search": {"informed": False}, "confirm": {"enabled": False}, "drift": {"every": None},
         "idle": {"policy": "off"}, "sampler": {"name": "random", "seed": 0},
     }))

@@ -2,16 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
 import pandas as pd
 
+from autoinfer.engines.base import create
 from autoinfer.model.memory import MemoryModel
 from autoinfer.model.shape import ModelShape
 from autoinfer.trial_config import TrialConfig
 
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
+
+
+def _as_llama_bench_ran(table: str, rows: list[dict]) -> list[TrialConfig]:
+    """The table's rows as llama-bench ran them, with its measure settings (benchmarks/tables/*.meta.json)."""
+    meta = json.loads((TABLES / f"{table}.meta.json").read_text())
+    assert meta["engine"] == "llama-bench"
+    fixed = {"model": "m", "n_prompt": meta["n_prompt"], "n_gen": meta["n_gen"], **meta["fixed"]}
+    return [create("llama-bench").as_run(TrialConfig.from_params({**fixed, **row})) for row in rows]
+
+
+def test_a_ubatch_above_the_prompt_is_predicted_as_it_ran_on_an_h100():
+    """ubatch 2048 measured the peaks of 512 at all 40 settings of `h100-35b-knobs.csv` (to the MiB): llama-bench's
+    512-token prompt caps it at 512. Named as it ran, it is predicted alike; named as asked, the compute buffer of
+    2048 tokens would put it 1.5 GiB heavier, so a search would never try it and an export would name a ubatch that
+    a larger context runs larger."""
+    table = pd.read_csv(TABLES / "h100-35b-knobs.csv")
+    model = MemoryModel(ModelShape.from_json((TABLES / "h100-35b-knobs.shape.json").read_text()), "device")
+    pairs = 0
+    for (layers, type_k, threads), rows in table.groupby(["cpu_expert_layers", "type_k", "threads"]):
+        peaks = rows.groupby("ubatch").vram_mib.median()
+        assert peaks[2048] == peaks[512]
+        row = {"cpu_expert_layers": int(layers), "type_k": type_k, "threads": int(threads)}
+        big, small = _as_llama_bench_ran("h100-35b-knobs", [{**row, "ubatch": 2048}, {**row, "ubatch": 512}])
+        assert big == small and model.difference(big, small)[0] == 0
+        pairs += 1
+    assert pairs == 40
+    asked = [TrialConfig.from_params({"model": "m", "n_prompt": 512, "n_gen": 32, "n_gpu_layers": 99,
+                                      "flash_attn": "on", "cpu_expert_layers": 24, "ubatch": ub}) for ub in (2048, 512)]
+    assert model.difference(*asked)[0] > 1024
 
 
 def test_the_prior_frees_what_a_smaller_ubatch_freed_on_an_h100():
@@ -26,9 +57,8 @@ def test_the_prior_frees_what_a_smaller_ubatch_freed_on_an_h100():
     for (placement, layers), rows in table.groupby(["placement", "cpu_expert_layers"]):
         peaks = rows.groupby("ubatch").vram_mib.median()
         if {256, 1024} <= set(peaks.index):
-            configs = [TrialConfig.from_params({"model": "m", "n_prompt": 512, "n_gen": 32, "n_gpu_layers": 99,
-                                                "flash_attn": "on", "placement": placement,
-                                                "cpu_expert_layers": int(layers), "ubatch": ub}) for ub in (512, 256)]
+            configs = _as_llama_bench_ran("h100-35b-load", [{"placement": placement, "cpu_expert_layers": int(layers),
+                                                             "ubatch": ub} for ub in (1024, 256)])
             predicted, _ = model.difference(*configs)
             errors.append(predicted - (peaks[1024] - peaks[256]))
     assert len(errors) >= 15, errors

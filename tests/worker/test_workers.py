@@ -94,7 +94,7 @@ def bench_campaign(tmp_path: Path, model: Path, trials: int) -> Path:
     campaign = tmp_path / "bench.yaml"
     campaign.write_text(yaml.safe_dump({
         "name": "bench", "engine": "llama-bench", "model": str(model),
-        "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [16, 32, 64, 128, 256]},  # more than the budget
+        "space": {"n_gpu_layers": 0, "threads": 1, "ubatch": [8, 16, 32, 64, 128]},  # more than the budget
         "budget": {"trials": trials}, "measure": {"n_prompt": 64, "n_gen": 128, "repetitions": 3, "max_cv": None},
         "idle": {"policy": "off"}, "drift": {"every": None}, "confirm": {"enabled": False},
         "search": {"informed": False, "prune_below": None}, "workers": {"heartbeat_s": 1, "grace_s": 8},
