@@ -170,4 +170,3 @@ def test_harness_killed_mid_trial_takes_the_server_with_it(llama_tools, chat_mod
 def test_free_port_is_bindable():
     port = free_port()
     assert 1024 <= port <= 65535 and _port_free(port)
-
