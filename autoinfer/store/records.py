@@ -238,11 +238,14 @@ class TrialRecord:
 
     @property
     def shown_params(self) -> dict[str, Any]:
-        """The parameters as they ran, for people: a trial running llama-fit-params' raw overrides names them in
-        place of the placement parameters it carries only to be a point of the space (search/fit_baseline.py)."""
+        """The parameters as they ran, for people: batch and ubatch as llama.cpp ran them (Engine.as_run), and a trial
+        running llama-fit-params' raw overrides names them in place of the placement parameters it carries only to be
+        a point of the space (search/fit_baseline.py)."""
+        ran = self.config or {}
+        params = {**self.params, **{k: ran[k] for k in ("batch", "ubatch") if k in self.params and k in ran}}
         if self.fit_override_tensors is None:
-            return dict(self.params)
-        kept = {k: v for k, v in self.params.items() if k not in (*PLACEMENT_KEYS, "n_cpu_moe", "tensor_split")}
+            return params
+        kept = {k: v for k, v in params.items() if k not in (*PLACEMENT_KEYS, "n_cpu_moe", "tensor_split")}
         split = {"tensor_split": self.fit_tensor_split} if self.fit_tensor_split is not None else {}
         return {"override_tensors": f"llama-fit-params' {len(self.fit_override_tensors)}", **split, **kept}
 

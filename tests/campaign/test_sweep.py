@@ -130,7 +130,9 @@ def test_batches_above_the_prompt_are_one_configuration_measured_once(tmp_path, 
     bench = shlex.split(cli("export", "--study", "e2e", "--format", "bench", cwd=tmp_path, env=env).stdout)
     assert (bench[bench.index("-b") + 1], bench[bench.index("-ub") + 1]) == ("32", "32")
     status = cli("status", "--study", "e2e", cwd=tmp_path, env={**env, "COLUMNS": "400"})
-    assert note in " ".join(status.stdout.replace("│", " ").split())
+    said = " ".join(status.stdout.replace("│", " ").split())
+    assert note in said and f"recommended trial {measured[0].number}: " in said
+    assert "ubatch=32 batch=32" in said.split("recommended trial")[1]  # as it ran, whatever name was asked
 
 
 def test_failed_trials_are_recorded_and_the_sweep_goes_on(tmp_path, tiny_model, env):
