@@ -22,7 +22,6 @@ from pathlib import Path
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.llama_common import server_args
-from autoinfer.llama.build import find_tools
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.sweep.deploy import run_check
 
@@ -32,7 +31,7 @@ def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[
     rotated each round."""
     gpus = tuple(measured_gpus())
     bench = base.create("llama-bench")
-    printed = [str(find_tools().tool("llama-server")), *server_args(config, bench.tools)]
+    printed = [str(bench.tools.tool("llama-server")), *server_args(config, bench.tools)]
     at = printed.index("-np")
     default_slots = printed[:at] + printed[at + 2:]
 

@@ -290,6 +290,11 @@ def server_context(config: TrialConfig) -> int:
     return int(ctx) if ctx is not None else 256 * math.ceil((config.n_prompt + config.n_gen + 1) / 256)
 
 
+def whole_context(config: TrialConfig) -> int:
+    """llama-server's -c: every slot's context (`parallel` slots, one unless the campaign sets it)."""
+    return server_context(config) * int(config.get("parallel", 1))
+
+
 def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     """llama-server flags for one configuration; --host/--port are the server engine's to add."""
     a = _Args("llama-server", tools.help_flags("llama-server") if tools is not None else None)
@@ -323,7 +328,6 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
         a.argv.append(flag)
     # every slot's context, and the slots as measured: llama-server's default is 4 (-np -1, auto) where llama-bench
     # runs one sequence, and a hybrid model's recurrent state is held once per slot (63 MiB per slot on the 35B-A3B)
-    parallel = int(config.get("parallel", 1))
-    a.add("-c", server_context(config) * parallel, name="ctx_size")
-    a.add("-np", parallel, name="parallel", default=1)
+    a.add("-c", whole_context(config), name="ctx_size")
+    a.add("-np", int(config.get("parallel", 1)), name="parallel", default=1)
     return a.argv

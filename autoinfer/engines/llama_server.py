@@ -27,7 +27,7 @@ from autoinfer.engines.llama_common import (
     LlamaToolsEngine,
     classify_failure,
     server_args,
-    server_context,
+    whole_context,
 )
 from autoinfer.measure.process import IsolatedProcess
 
@@ -163,7 +163,7 @@ class LlamaServerEngine(LlamaToolsEngine):
     knobs = {**TRIAL_KNOBS, **SERVER_KNOBS}
 
     def batch_context(self, config: TrialConfig) -> int | None:
-        return server_context(config) * int(config.get("parallel", 1))
+        return whole_context(config)
 
     def command(self, config: TrialConfig, port: int) -> list[str]:
         """llama-server argv: the shared flags (the context sized for every slot, the slots), the address."""
