@@ -10,6 +10,8 @@
 #       partial (a fifth: part of one more layer's FFN in RAM (partial_experts 0/1/2) x threads at 18 placements
 #       around the 8, 12 and 16 GiB boundaries, 108 rows, ~13 minutes),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
+#       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
+#       printed llama-server and in the server's default slots, interleaved; benchmarks/server_memory.py),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
@@ -75,6 +77,18 @@ for step in "$@"; do
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \
         --rounds 5 --out "$OUT/vs-fit-h100.md"
+      ;;
+    servermem)  # BUDGETS: which entries, in this order
+      for budget in ${BUDGETS:-8192 12288 16384}; do
+        python3 - "${VSFIT_JSON:-benchmarks/results/vs-fit-h100-45f764b.json}" "$budget" \
+          > "$OUT/answer-$budget.json" <<'PY'
+import json, pathlib, sys
+entries = json.loads(pathlib.Path(sys.argv[1]).read_text())
+print(json.dumps({"config": next(e["ours"] for e in entries if e["budget_mib"] == float(sys.argv[2]))}))
+PY
+        echo "--- $budget MiB"
+        python3 benchmarks/server_memory.py "$OUT/answer-$budget.json" --rounds "${ROUNDS:-3}"
+      done
       ;;
     overhead)
       python3 benchmarks/overhead.py --model "$BIG" --llama-bin "$LLAMA_BIN" --ngl 99 --ncmoe 0,30 --threads 16 \

@@ -1,6 +1,7 @@
 """The recommended configuration's peak memory in llama-bench (what a sweep measures) and in llama-server (what it
 prints), interleaved in fresh processes: the deployment check records the server's peak beside the sweep's and the
-budget, and warns rather than fails over the budget until the two programs are compared on a GPU. This compares
+budget, and fails it over a VRAM budget because on an H100 the printed server stayed below llama-bench
+(benchmarks/results/server-memory-h100.md; `benchmarks/gpu_evidence.sh servermem` runs this there). This compares
 them, and the server left to its default slots (four in the pinned build, each holding a hybrid model's recurrent
 state) against the printed one slot.
 
@@ -54,6 +55,7 @@ def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             out[name].append(programs[name]())
+            print(f"round {r + 1}: {name}: {out[name][-1]:.0f} MiB", flush=True)
     return out
 
 

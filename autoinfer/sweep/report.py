@@ -137,16 +137,19 @@ def deployment_line(check: DeploymentCheck | None, rec: Recommendation | None) -
 def print_deployment_check(console: Console, check: DeploymentCheck) -> None:
     """The check's result; a failure loudly, with the command that failed, since the printed answer does not work."""
     if check.status == "failed":
-        console.print("[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command did not serve a "
-                      "completion; do not use it as printed.")
+        what = "went over the memory budget" if check.over_budget else "did not serve a completion"
+        console.print(f"[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command {what}; do not use it "
+                      "as printed.")
+        if check.memory:
+            console.print(f"  memory: {check.memory}", markup=False, highlight=False)
         console.print(f"  reason: {check.reason}", markup=False, highlight=False)
         console.print(f"  command: {check.command}", markup=False, highlight=False, soft_wrap=True)
     elif check.status == "passed":
         console.print(f"deployment check {check.line()}", style="yellow" if check.over_budget else "green",
                       markup=False, highlight=False)
         if check.over_budget:
-            console.print("[bold yellow]WARNING[/bold yellow]: as printed, llama-server went over the memory "
-                          "budget; the sweep's peak is llama-bench's.")
+            console.print("[bold yellow]WARNING[/bold yellow]: as printed, llama-server went over the RAM budget; "
+                          "the sweep's peak is llama-bench's, whose process is smaller.")
     else:
         console.print(f"deployment check {check.line()}", markup=False, highlight=False)
 

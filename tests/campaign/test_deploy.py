@@ -6,6 +6,8 @@ Real llama-server (the CPU build) on tiny synthetic models: one with the shipped
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 from optuna.trial import TrialState
 
@@ -46,6 +48,21 @@ def test_the_servers_peak_is_set_against_the_sweeps_and_the_budget(llama_tools):
     within = against_budget(check, trial, campaign(peak + 10))
     assert not within.over_budget and within.line().endswith(f", within the {peak + 10:.0f} MiB budget")
     assert not against_budget(check, trial, campaign(None)).memory.endswith("budget")
+
+
+def test_a_server_over_the_vram_budget_fails_the_check():
+    """On a GPU the printed server peaked below llama-bench at every recommendation measured: over the VRAM budget
+    the answer does not hold (over a RAM budget it is a warning, the test above)."""
+    served = DeploymentCheck("passed", "", 3, "llama-server -m m.gguf", "the", 8, 1.5, 8300.0, 900.0)
+    trial = TrialRecord(3, TrialState.COMPLETE, values=(1.0,), vram_peak_mib=8070.0)
+    campaign = parse_campaign({"name": "c", "model": "m.gguf", "constraints": {"vram_mib": 8192}})
+    over = against_budget(served, trial, campaign)
+    assert over.status == "failed" and over.over_budget
+    assert over.line() == ("failed: as printed, llama-server went over the 8192 MiB VRAM budget (trial 3); "
+                           "llama-server's peak VRAM 8300 MiB (the sweep measured 8070), over the 8192 MiB budget by "
+                           "108")
+    within = against_budget(replace(served, vram_peak_mib=8000.0), trial, campaign)
+    assert within.passed and not within.over_budget
 
 
 def test_a_model_without_a_tokenizer_fails_the_check_with_the_reason(llama_tools):
