@@ -290,9 +290,14 @@ def server_context(config: TrialConfig) -> int:
     return int(ctx) if ctx is not None else 256 * math.ceil((config.n_prompt + config.n_gen + 1) / 256)
 
 
+def slots(config: TrialConfig) -> int:
+    """llama-server's -np: the `parallel` slots, one unless the campaign sets it (as llama-bench runs one sequence)."""
+    return int(config.get("parallel", 1))
+
+
 def whole_context(config: TrialConfig) -> int:
-    """llama-server's -c: every slot's context (`parallel` slots, one unless the campaign sets it)."""
-    return server_context(config) * int(config.get("parallel", 1))
+    """llama-server's -c: every slot's context."""
+    return server_context(config) * slots(config)
 
 
 def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
@@ -329,5 +334,5 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
     # every slot's context, and the slots as measured: llama-server's default is 4 (-np -1, auto) where llama-bench
     # runs one sequence, and a hybrid model's recurrent state is held once per slot (63 MiB per slot on the 35B-A3B)
     a.add("-c", whole_context(config), name="ctx_size")
-    a.add("-np", int(config.get("parallel", 1)), name="parallel", default=1)
+    a.add("-np", slots(config), name="parallel", default=1)
     return a.argv

@@ -27,6 +27,7 @@ from autoinfer.engines.llama_common import (
     LlamaToolsEngine,
     classify_failure,
     server_args,
+    slots,
     whole_context,
 )
 from autoinfer.measure.process import IsolatedProcess
@@ -230,7 +231,7 @@ def wait_healthy(proc: IsolatedProcess, client: Client) -> float:
 def _measure(proc: IsolatedProcess, client: Client, config: TrialConfig, ctx: RunContext) -> dict[str, Any]:
     """Warm-up, then the measured rounds; returns the Measurement fields."""
     startup_s = wait_healthy(proc, client)
-    parallel = int(config.get("parallel", 1))
+    parallel = slots(config)
     prompts = prompt_tokens(client, config.n_prompt, config.repetitions * parallel + 1)
     client.complete(prompts[-1][: _WARMUP_TOKENS[0]], _WARMUP_TOKENS[1])
     tg: list[float] = []

@@ -137,9 +137,8 @@ def deployment_line(check: DeploymentCheck | None, rec: Recommendation | None) -
 def print_deployment_check(console: Console, check: DeploymentCheck) -> None:
     """The check's result; a failure loudly, with the command that failed, since the printed answer does not work."""
     if check.status == "failed":
-        what = "went over the memory budget" if check.over_budget else "did not serve a completion"
-        console.print(f"[bold red]DEPLOYMENT CHECK FAILED[/bold red]: the recommended command {what}; do not use it "
-                      "as printed.")
+        console.print("[bold red]DEPLOYMENT CHECK FAILED[/bold red]: do not use the recommended command as printed; "
+                      "the reason is below.")
         if check.memory:
             console.print(f"  memory: {check.memory}", markup=False, highlight=False)
         console.print(f"  reason: {check.reason}", markup=False, highlight=False)
