@@ -12,6 +12,9 @@
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
 #       printed llama-server and in the server's default slots, interleaved; benchmarks/server_memory.py),
+#       hostknobs (each budget's recommendation in $VSFIT_JSON against its variants in the CPU thread pool's knobs
+#       the campaigns leave at their defaults: --poll, --cpu-strict, --prio, and 14 threads; interleaved,
+#       benchmarks/knob_variants.py),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
@@ -88,6 +91,15 @@ print(json.dumps({"config": next(e["ours"] for e in entries if e["budget_mib"] =
 PY
         echo "--- $budget MiB"
         python3 benchmarks/server_memory.py "$OUT/answer-$budget.json" --rounds "${ROUNDS:-3}"
+      done
+      ;;
+    hostknobs)  # BUDGETS: which entries, in this order; VARY: the variants, as knob_variants.py's --vary flags
+      for budget in ${BUDGETS:-8192}; do
+        echo "--- $budget MiB"
+        # shellcheck disable=SC2086  # VARY is a list of flags
+        python3 benchmarks/knob_variants.py "${VSFIT_JSON:-benchmarks/results/vs-fit-h100-45f764b.json}" \
+          --budget "$budget" ${VARY:---vary poll=0,100 --vary cpu_strict=1 --vary prio=2 --vary threads=14} \
+          --rounds "${ROUNDS:-5}"
       done
       ;;
     overhead)
