@@ -241,7 +241,7 @@ def case_row(table: Path, budget: float | None, args: argparse.Namespace, goal: 
                            "trials_needed": list(r.trials_needed),
                            "trials_needed_noise_free": list(r.trials_needed_noise_free or []),
                            "not_run": list(r.skipped), "wall_s": round(r.wall_s, 1),
-                           "answer": list(r.answer), "answer_median": r.answer_median}
+                           "answer": list(r.answer), "answer_median": r.answer_median, "over": list(r.over)}
               for r in results}}
     return row, results, goal.best
 
@@ -361,6 +361,15 @@ def answers_shown(rows: list[dict]) -> str:
             f"worst seed {min(seeds):.1%})")
 
 
+def over_shown(rows: list[dict]) -> str:
+    """Trials the boundary search measured over the memory budget among its first ANSWER_AT: the mean per run over
+    tables, the worst table's mean and the most in any run."""
+    means = {r["table"]: statistics.mean(r["boundary"]["over"]) for r in rows}
+    worst = max(means, key=means.get)
+    most = max(n for r in rows for n in r["boundary"]["over"])
+    return f"{statistics.mean(means.values()):.2f} ({means[worst]:.2f} {worst}; most {most})"
+
+
 def print_budgets(console: Console, summary: list[dict]) -> None:
     """Per budget and kind of table: the median over tables and the worst table, against the targets."""
     if "boundary" not in summary[0]:
@@ -370,7 +379,7 @@ def print_budgets(console: Console, summary: list[dict]) -> None:
     out = Table(title=f"boundary search per budget: median over tables (worst table) of the per-table median trials; "
                       f"targets ≤ {TARGET_TRIALS} trials and ≤ {TARGET_RATIO} of random")
     for col in ("tables", "budget MiB", "n", "trials to 98% of best row", "noise-free", "boundary/random",
-                f"answer after {ANSWER_AT}"):
+                f"answer after {ANSWER_AT}", f"over the budget in {ANSWER_AT}"):
         out.add_column(col)
     met = True
     for kind in ("measured", "planted", "synthetic"):
@@ -388,7 +397,7 @@ def print_budgets(console: Console, summary: list[dict]) -> None:
                         f"{worst['table']})",
                         f"{statistics.median(free):g} ({shown(worst_free, trials)})" if free else "—",
                         f"{statistics.median(ratios):.2f} ({max(ratios):.2f} {worst_ratio['table']})"
-                        if ratios else "—", answers_shown(rows))
+                        if ratios else "—", answers_shown(rows), over_shown(rows) if budget else "—")
     console.print(out)
     console.print(f"targets {'met' if met else 'missed'} on the row-based count: every table ≤ {TARGET_TRIALS} "
                   f"trials and ≤ {TARGET_RATIO} of random's median (random's median is censored at {random_trials + 1} "
@@ -398,6 +407,8 @@ def print_budgets(console: Console, summary: list[dict]) -> None:
     console.print(f"answer after {ANSWER_AT}: the fastest configuration measured in the first {ANSWER_AT} trials "
                   "(unconfirmed), by its noise-free value where the table has them, as a share of the best feasible "
                   "row's: median over tables of the per-table median (worst table; worst single seed)")
+    console.print(f"over the budget in {ANSWER_AT}: measured trials over the memory budget among the first "
+                  f"{ANSWER_AT}, the mean per run over tables (worst table's mean; most in one run)")
     free = [r for r in summary if r["boundary"]["median_noise_free"] is not None]
     console.print(f"above {TARGET_TRIALS} trials: {len(above)} of {len(summary)} table-budgets by rows"
                   + (f" ({luck} where the oracle needs more too)" if luck else "")

@@ -45,6 +45,8 @@ class StrategyResult:
     trials_needed_noise_free: tuple[int | None, ...] | None = None
     #: per seed, what the answer after ANSWER_AT measured trials is worth: see SeedRun.answer
     answer: tuple[float | None, ...] = ()
+    #: per seed, measured trials over the memory budget among the first ANSWER_AT: see SeedRun.over
+    over: tuple[int, ...] = ()
 
     @property
     def median(self) -> float:
@@ -71,6 +73,9 @@ class SeedRun(NamedTuple):
     #: confirmed), by its row's noise-free value (else its row's value) over the best feasible one; None where no
     #: feasible trial had succeeded by then. What a user who stopped there would run, not what a search found.
     answer: float | None
+    #: measured trials over the memory budget (or out of memory) among the first ANSWER_AT: what finding the
+    #: boundary by measuring costs where a placement predicted near it ran over
+    over: int
 
 
 def _median(needed: tuple[int | None, ...], budget: int) -> float:
@@ -191,7 +196,9 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
     free = None if scored.reference is None else \
         _trials_to_target(records, scored.reference, TARGET * scored.reference.max())[0]
     worth = scored.reference if scored.reference is not None else scored.target
-    return SeedRun(needed, skipped, free, _answer(records, worth, campaign.objective_weights(), ANSWER_AT))
+    first = [t for t in records if not t.unmeasured][:ANSWER_AT]
+    over = sum(any(t.constraints.get(key, 0) > 0 for key in ("vram_mib", "ram_mib", "memory")) for t in first)
+    return SeedRun(needed, skipped, free, _answer(first, worth, campaign.objective_weights()), over)
 
 
 def strategy_result(strategy: str, runs: list[SeedRun], wall_s: float, trials: int,
@@ -199,7 +206,7 @@ def strategy_result(strategy: str, runs: list[SeedRun], wall_s: float, trials: i
     """The seeds' runs (run_seed's answers, in seed order) of one strategy as one result."""
     return StrategyResult(strategy, tuple(r.needed for r in runs), tuple(r.skipped for r in runs), wall_s, trials,
                           tuple(r.needed_noise_free for r in runs) if noise_free else None,
-                          tuple(r.answer for r in runs))
+                          tuple(r.answer for r in runs), tuple(r.over for r in runs))
 
 
 def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | None, trials: int,
@@ -219,12 +226,11 @@ def compare(table: Path, strategies: list[str], seeds: int, budget_mib: float | 
     return results, scored.best
 
 
-def _answer(records: list, worth: pd.Series, weights: dict[str, float], after: int) -> float | None:
-    """The worth of the recommendation from a simulated study's first `after` measured trials (its records in trial
-    order), over the best feasible worth (SeedRun.answer)."""
+def _answer(first: list, worth: pd.Series, weights: dict[str, float]) -> float | None:
+    """The worth of the recommendation from a simulated study's first ANSWER_AT measured trials (their records in
+    trial order), over the best feasible worth (SeedRun.answer)."""
     from autoinfer.sweep.recommend import decide, runs_of
 
-    first = [t for t in records if not t.unmeasured][:after]
     measured = {t.number: t for t in first}
     rec = decide(runs_of(measured.values(), weights, set()), None, {},
                  {n: t.config for n, t in measured.items() if t.config is not None})

@@ -174,3 +174,20 @@ def test_the_answer_after_the_first_trials_is_what_its_fastest_measurement_is_wo
     (first,), _ = replay_cli.compare(table, ["random"], seeds=6, budget_mib=None, trials=3, noise_free=free)
     assert set(first.answer) <= {70 / 95, 1.0, 60 / 95} and len(set(first.answer)) > 1
     assert all((a == 1.0) == (n == 1) for a, n in zip(first.answer, first.trials_needed_noise_free))
+
+
+def test_the_trials_over_the_memory_budget_among_the_first_are_counted(tmp_path, monkeypatch):
+    """Random search on a table of six rows, two of them over the budget: once it has measured every row, two of
+    its trials were over; counted among the first two, as many as it drew there."""
+    from autoinfer.sweep import replay_cli
+
+    table = tmp_path / "heavy.csv"
+    rows = [{"threads": t, "tg": 10.0 * t, "pp": 100.0, "vram_mib": 1000.0 + 100 * t} for t in range(1, 7)]
+    pd.DataFrame(rows).to_csv(table, index=False)  # threads 5 and 6 peak at 1500 and 1600 MiB
+    (result,), _ = replay_cli.compare(table, ["random"], seeds=4, budget_mib=1450, trials=6)
+    assert result.over == (2,) * 4
+    monkeypatch.setattr(replay_cli, "ANSWER_AT", 2)
+    (first,), _ = replay_cli.compare(table, ["random"], seeds=8, budget_mib=1450, trials=6)
+    assert set(first.over) <= {0, 1, 2} and len(set(first.over)) > 1
+    (unbounded,), _ = replay_cli.compare(table, ["random"], seeds=2, budget_mib=None, trials=6)
+    assert unbounded.over == (0, 0)

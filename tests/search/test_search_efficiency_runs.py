@@ -32,6 +32,7 @@ def test_the_benchmarks_seed_by_seed_runs_answer_what_compare_does(tmp_path, mon
         assert row[strategy]["trials_needed"] == list(expected.trials_needed), strategy
         assert row[strategy]["trials_needed_noise_free"] == list(expected.trials_needed_noise_free), strategy
         assert row[strategy]["answer"] == list(expected.answer) and len(expected.answer) == 2, strategy
+        assert row[strategy]["over"] == list(expected.over) and len(expected.over) == 2, strategy
         assert row["best"] == best
 
 
