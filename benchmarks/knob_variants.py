@@ -2,7 +2,7 @@
 that the shipped campaigns leave at its default (the CPU thread pool's --poll, --prio, --cpu-strict, -C) worth
 searching? On a hybrid GPU+CPU decode the host side reaches about 30% of its memory bandwidth
 (benchmarks/results/vs-fit-h100.md); the thread pool's wake-ups between the GPU's and the CPU's parts of each layer
-are one candidate for the rest.
+were one candidate for the rest (benchmarks/results/host-knobs-h200.md: --poll and --cpu-strict did not lift it).
 
     autoinfer export --study NAME --format json > answer.json
     python benchmarks/knob_variants.py answer.json --vary poll=0,100 --vary cpu_strict=1 --vary prio=2 --rounds 5
@@ -10,7 +10,7 @@ are one candidate for the rest.
 
 Each round runs the configuration as given and every variant once, in an order rotated each round. Prints per
 configuration the median tg and pp over the rounds (one score per process: the median of its repetitions), and each
-variant's ratio to the configuration as given with a 95% bootstrap CI and the Mann-Whitney p, as hyperfine says it.
+variant's ratio to the configuration as given with a 95% bootstrap CI and the Mann-Whitney p.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from autoinfer.measure.stats import compare
 
 def load(path: Path, budget: float | None) -> TrialConfig:
     """An `autoinfer export --format json` answer, or the `ours` side of one budget in a vs_fit.py result."""
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}; give `autoinfer export --format json` output") from None
     if isinstance(data, list):
         if budget is None:
             raise ValueError(f"{path} is a vs_fit.py result: name one of its budgets with --budget")
@@ -40,6 +43,8 @@ def load(path: Path, budget: float | None) -> TrialConfig:
             have = ", ".join(f"{e['budget_mib']:g}" for e in data)
             raise ValueError(f"{path} has no budget {budget:g}: it has {have}")
         return TrialConfig.from_params(matches[0])
+    if not isinstance(data, dict) or "config" not in data:
+        raise ValueError(f"{path} has no \"config\": give `autoinfer export --format json` output")
     return TrialConfig.from_params(data["config"])
 
 
@@ -82,6 +87,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2: a ratio's CI needs two runs a side")
     try:
         configs = variants(load(args.answer, args.budget), args.vary)
     except ValueError as exc:  # bad input: one line and exit 2, nothing measured

@@ -44,3 +44,15 @@ def test_a_vs_fit_result_needs_one_of_its_budgets(tmp_path, llama_tools):
     assert done.returncode == 2 and "has no budget 4096: it has 8192" in done.stderr
     done = _run([str(result), "--budget", "8192", "--vary", "poll"], llama_tools)
     assert done.returncode == 2 and "write KNOB=V1,V2" in done.stderr
+
+
+def test_a_file_that_is_not_an_answer_is_one_line(tmp_path, llama_tools):
+    junk = tmp_path / "junk.json"
+    junk.write_text("{not json")
+    done = _run([str(junk), "--vary", "poll=100"], llama_tools)
+    assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
+    done = _run([str(tmp_path / "missing.json"), "--vary", "poll=100"], llama_tools)
+    assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr
+    junk.write_text("{}")
+    done = _run([str(junk), "--vary", "poll=100"], llama_tools)
+    assert done.returncode == 2 and 'has no "config"' in done.stderr
