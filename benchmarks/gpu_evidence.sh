@@ -83,14 +83,9 @@ for step in "$@"; do
       ;;
     servermem)  # BUDGETS: which entries, in this order
       for budget in ${BUDGETS:-8192 12288 16384}; do
-        python3 - "${VSFIT_JSON:-benchmarks/results/vs-fit-h100-45f764b.json}" "$budget" \
-          > "$OUT/answer-$budget.json" <<'PY'
-import json, pathlib, sys
-entries = json.loads(pathlib.Path(sys.argv[1]).read_text())
-print(json.dumps({"config": next(e["ours"] for e in entries if e["budget_mib"] == float(sys.argv[2]))}))
-PY
         echo "--- $budget MiB"
-        python3 benchmarks/server_memory.py "$OUT/answer-$budget.json" --rounds "${ROUNDS:-3}"
+        python3 benchmarks/server_memory.py "${VSFIT_JSON:-benchmarks/results/vs-fit-h100-45f764b.json}" \
+          --budget "$budget" --rounds "${ROUNDS:-3}"
       done
       ;;
     hostknobs)  # BUDGETS: which entries, in this order; VARY: the variants, as knob_variants.py's --vary flags

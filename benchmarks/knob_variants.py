@@ -16,36 +16,18 @@ variant's ratio to the configuration as given with a 95% bootstrap CI and the Ma
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from answer_config import load_answer
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.llama_common import bench_args
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.stats import compare
-
-
-def load(path: Path, budget: float | None) -> TrialConfig:
-    """An `autoinfer export --format json` answer, or the `ours` side of one budget in a vs_fit.py result."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}; give `autoinfer export --format json` output") from None
-    if isinstance(data, list):
-        if budget is None:
-            raise ValueError(f"{path} is a vs_fit.py result: name one of its budgets with --budget")
-        matches = [e["ours"] for e in data if e["budget_mib"] == budget]
-        if not matches:
-            have = ", ".join(f"{e['budget_mib']:g}" for e in data)
-            raise ValueError(f"{path} has no budget {budget:g}: it has {have}")
-        return TrialConfig.from_params(matches[0])
-    if not isinstance(data, dict) or "config" not in data:
-        raise ValueError(f"{path} has no \"config\": give `autoinfer export --format json` output")
-    return TrialConfig.from_params(data["config"])
 
 
 def variants(config: TrialConfig, vary: list[str]) -> dict[str, TrialConfig]:
@@ -90,7 +72,7 @@ def main() -> None:
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: a ratio's CI needs two runs a side")
     try:
-        configs = variants(load(args.answer, args.budget), args.vary)
+        configs = variants(load_answer(args.answer, args.budget), args.vary)
     except ValueError as exc:  # bad input: one line and exit 2, nothing measured
         print(f"knob_variants.py: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

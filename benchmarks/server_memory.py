@@ -7,6 +7,7 @@ state) against the printed one slot.
 
     autoinfer export --study vs-fit-8192 --format json > answer.json
     python benchmarks/server_memory.py answer.json --rounds 3
+    python benchmarks/server_memory.py benchmarks/results/vs-fit-h100-45f764b.json --budget 8192
 
 Peaks are VRAM on the GPUs this machine measures (CUDA_VISIBLE_DEVICES), else RSS. Prints a table: per program the
 median peak and its range over the rounds, and its paired difference from llama-bench's.
@@ -15,10 +16,12 @@ median peak and its range over the rounds, and its paired difference from llama-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
+
+from answer_config import load_answer
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
@@ -61,11 +64,17 @@ def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("answer", type=Path, help="`autoinfer export --format json` of the study to check")
+    parser.add_argument("answer", type=Path, help="`autoinfer export --format json` of the study to check, or a "
+                        "vs_fit.py result")
+    parser.add_argument("--budget", type=float, help="with a vs_fit.py result: which budget's answer (MiB)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args()
-    config = TrialConfig.from_params(json.loads(args.answer.read_text())["config"])
+    try:
+        config = load_answer(args.answer, args.budget)
+    except ValueError as exc:  # bad input: one line and exit 2, nothing measured
+        print(f"server_memory.py: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     side = "VRAM" if measured_gpus() else "RSS"
     results = peaks(config, args.rounds, args.timeout_s)
     bench = results["llama-bench"]
