@@ -9,6 +9,9 @@
 #       80 rows, ~10 minutes),
 #       partial (a fifth: part of one more layer's FFN in RAM (partial_experts 0/1/2) x threads at 18 placements
 #       around the 8, 12 and 16 GiB boundaries, 108 rows, ~13 minutes),
+#       wholelayers (a sixth: whole layers in RAM (n_gpu_layers 20/28/36/99) x expert layers in RAM (0-40 in steps of
+#       8, the last layers'), 24 rows, ~4 minutes: the memory model's predictions for the combination, and whether it
+#       is dominated),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
 #       printed llama-server and in the server's default slots, interleaved; benchmarks/server_memory.py),
@@ -76,6 +79,12 @@ for step in "$@"; do
         --grid cpu_expert_layers=5,6,7,8,9,10,15,16,17,18,19,20,25,26,27,28,29,30 partial_experts=0,1,2 threads=12,16 \
         --fixed n_gpu_layers=99 placement=last flash_attn=on ubatch=512 load_mode=mmap \
         --n-prompt 512 --n-gen 32 --repetitions 2 --seed 13 --max-minutes "${KNOB_MINUTES:-14}" --resume
+      ;;
+    wholelayers)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h200-35b-whole-layers.csv" \
+        --grid n_gpu_layers=20,28,36,99 cpu_expert_layers=0-40+8 \
+        --fixed placement=last flash_attn=on threads=16 ubatch=512 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --seed 17 --max-minutes "${KNOB_MINUTES:-6}" --resume
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \

@@ -81,6 +81,9 @@ class Measurement:
     stderr: str = ""
     raw_output: str = ""  # the engine's machine-readable output, verbatim
     metrics: dict[str, Any] = field(default_factory=dict)  # engine-specific: ttft_ms, load_s, cache hit rate …
+    #: the numbers are another configuration's: a replay table's nearest row, where the table lacks this one. They
+    #: stand in for the objective; the models of memory and speed do not learn from them.
+    stand_in: bool = False
     env: dict[str, Any] = field(default_factory=dict)  # environment seen by the trial
 
     @property

@@ -128,6 +128,7 @@ class Seen:
     log_var: float | None = None  # variance of log(score) from the pooled samples' spread (None: too few)
     evidence: float | None = None  # what the models learn from: the score, or a pruned trial's first repetition
     peak_mib: float | None = None  # the measured peak on the budget's side
+    stand_in: bool = False  # its numbers are another configuration's (Measurement.stand_in): no model learns from it
 
 
 @dataclass(frozen=True)
@@ -705,8 +706,10 @@ class Boundary:
             config = t.trial_config if t.config is not None else None
             samples = pooled.get(_key(t.params)) if t.is_feasible_ok else None
             score = store.score(samples, weights) if samples else None
-            peak = self._peak(t)
-            if outcome in ("oom", "infeasible", "predicted_infeasible"):
+            peak = None if t.stand_in else self._peak(t)
+            if t.stand_in:  # another configuration's peak: says nothing of this one's
+                fits = None
+            elif outcome in ("oom", "infeasible", "predicted_infeasible"):
                 fits = False
             elif outcome in ("ok", "pruned") and peak and budget is not None:
                 fits = peak <= budget
@@ -719,7 +722,7 @@ class Boundary:
             tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
             out.append(Seen(t.number, dict(t.params), score, fits, t.predicted_mib, config, tg, pp,
                             str(t.search_reason or ""), runs.get(_key(t.params), 1),
-                            self._log_var(samples) if samples else None, evidence, peak or None))
+                            self._log_var(samples) if samples else None, evidence, peak or None, t.stand_in))
         return out
 
     def _peak(self, t: TrialRecord) -> float | None:
@@ -749,10 +752,10 @@ class Boundary:
 
 def _configurations(seen: list[Seen]) -> list[Seen]:
     """One Seen per configuration the models can learn from: its pooled score where a trial of it succeeded, else a
-    pruned trial's first repetition."""
+    pruned trial's first repetition; not one whose numbers stand in for it."""
     out: dict[str, Seen] = {}
     for s in seen:
-        if s.evidence is not None and s.config is not None:
+        if s.evidence is not None and s.config is not None and not s.stand_in:
             kept = out.get(_key(s.params))
             if kept is None or (kept.score is None and s.score is not None):
                 out[_key(s.params)] = s

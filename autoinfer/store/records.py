@@ -150,6 +150,7 @@ class TrialRecord:
     wall_s: float | None = _attr(column="value")
     engine_s: float | None = _attr(column="value")
     metrics: Mapping[str, Any] = _attr(factory=dict)  # engine-specific (signal, replay_row, ttft_ms, ...)
+    stand_in: bool = _attr(False, column="value", decode=bool)  # another configuration's numbers (Measurement.stand_in)
     env: Mapping[str, Any] = _attr(factory=dict)  # the environment around the run (clocks, energy, build, model)
     # measurement hygiene
     idle: Mapping[str, Any] | None = _attr()  # the idle check before the run

@@ -124,6 +124,7 @@ def measurement_fields(m: Measurement) -> dict[str, Any]:
         "engine_s": m.engine_s,
         "metrics": json.loads(json.dumps(m.metrics, default=str)),
         "env": json.loads(json.dumps(m.env, default=str)),
+        **({"stand_in": True} if m.stand_in else {}),  # only where it is: a measured trial never is
     }
 
 

@@ -74,7 +74,8 @@ class SeedRun(NamedTuple):
     #: feasible trial had succeeded by then. What a user who stopped there would run, not what a search found.
     answer: float | None
     #: measured trials over the memory budget (or out of memory) among the first ANSWER_AT: what finding the
-    #: boundary by measuring costs where a placement predicted near it ran over
+    #: boundary by measuring costs where a placement predicted near it ran over. Not those replayed from another
+    #: configuration's row (Measurement.stand_in): that row's peak is not theirs.
     over: int
 
 
@@ -197,7 +198,8 @@ def run_seed(table: Path, strategy: str, seed: int, budget_mib: float | None, tr
         _trials_to_target(records, scored.reference, TARGET * scored.reference.max())[0]
     worth = scored.reference if scored.reference is not None else scored.target
     first = [t for t in records if not t.unmeasured][:ANSWER_AT]
-    over = sum(any(t.constraints.get(key, 0) > 0 for key in ("vram_mib", "ram_mib", "memory")) for t in first)
+    over = sum(not t.stand_in and any(t.constraints.get(key, 0) > 0 for key in ("vram_mib", "ram_mib", "memory"))
+               for t in first)
     return SeedRun(needed, skipped, free, _answer(first, worth, campaign.objective_weights()), over)
 
 

@@ -37,6 +37,7 @@ def test_replay_reproduces_the_table(planted, tmp_path):
         row = df.iloc[index]
         m = engine.run(_config(row), RunContext(timeout_s=1, artifacts=tmp_path))
         assert m.outcome is Outcome.OK and m.metrics["replay_row"] == index and m.metrics["replay_distance"] == 0
+        assert not m.stand_in
         samples = [float(v) for v in row.tg_samples.split()]
         assert set(m.tg_samples) <= {round(v, 3) for v in samples} and len(m.tg_samples) == 5
         assert m.vram_peak_mib == row.vram_mib
@@ -48,6 +49,7 @@ def test_replay_reproduces_the_table(planted, tmp_path):
                                                  ("cpu_expert_layers", int(df.iloc[3].cpu_expert_layers) + 1)))
     m = engine.run(off_grid, RunContext(timeout_s=1, artifacts=tmp_path))
     assert m.metrics["replay_distance"] > 0 and statistics.median(m.tg_samples) == df.iloc[m.metrics["replay_row"]].tg
+    assert m.stand_in  # another configuration's numbers, and the record says so
 
 
 def test_per_gpu_peaks_replay_and_are_not_parameters(planted, tmp_path):
@@ -191,3 +193,16 @@ def test_the_trials_over_the_memory_budget_among_the_first_are_counted(tmp_path,
     assert set(first.over) <= {0, 1, 2} and len(set(first.over)) > 1
     (unbounded,), _ = replay_cli.compare(table, ["random"], seeds=2, budget_mib=None, trials=6)
     assert unbounded.over == (0, 0)
+
+
+def test_a_row_standing_in_for_a_configuration_the_table_lacks_is_not_counted_over_the_budget(tmp_path):
+    """threads x ubatch without (3, 2): its nearest row (2, 2) is over the budget and stands in for it. Random
+    search measures all six configurations; one of them is over the budget by its own row."""
+    from autoinfer.sweep import replay_cli
+
+    table = tmp_path / "hole.csv"
+    rows = [{"threads": t, "ubatch": u, "tg": 10.0 * t + u, "pp": 100.0, "vram_mib": 2000.0 if (t, u) == (2, 2) else
+             1000.0} for t in (1, 2, 3) for u in (1, 2) if (t, u) != (3, 2)]
+    pd.DataFrame(rows).to_csv(table, index=False)
+    (result,), _ = replay_cli.compare(table, ["random"], seeds=3, budget_mib=1500, trials=6)
+    assert result.over == (1,) * 3

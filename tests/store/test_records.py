@@ -42,7 +42,7 @@ STORED_TRIAL = {
     "outcome": "ok", "reason": "measured twice", "engine_cmd": ["/b/llama-bench", "-m", "m.gguf"],
     "tg_samples": [10.0, 11.0, 12.0], "pp_samples": [100.0, 101.0, 99.0],
     "vram_peak_mib": 7000.0, "vram_per_gpu_mib": [7000.0, 3000.0], "rss_peak_mib": 900.5,
-    "wall_s": 3.5, "engine_s": 2.0, "metrics": {"replay_row": 3}, "env": {"started_at": 1.0, "gpu_name": "H100"},
+    "wall_s": 3.5, "engine_s": 2.0, "metrics": {"replay_row": 3}, "stand_in": True, "env": {"started_at": 1.0, "gpu_name": "H100"},
     "noise": {"first_cv": 0.3, "max_cv": 0.15, "rerun": True, "first_tg_samples": [5.0, 12.0, 11.0],
               "first_pp_samples": [100.0, 100.0, 100.0], "rerun_outcome": "ok"},
     "stats": {"tg": {"n": 3, "median": 11.0, "ci": [10.0, 12.0], "cv": 0.09}},
