@@ -35,6 +35,7 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"  # ran past the trial timeout; the process group was killed
     BAD_OUTPUT = "bad_output"  # exited 0 but printed nothing we can parse
     PRUNED = "pruned"  # cut short because its first repetition was hopeless
+    PREDICTED_SLOWER = "predicted_slower"  # never run: more whole layers in RAM than the best, predicted to lose
 
     @property
     def is_memory(self) -> bool:

@@ -33,7 +33,8 @@
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
-   whole-layer placement is faster.
+   whole-layer placement is faster. The sampler's proposals too (step 7): one with more whole layers in RAM than the
+   best trial is recorded as predicted_slower, not measured, while the model gives it less than GATE to beat it.
 4. Model. Then the combination of knob values at the boundary most likely to beat the incumbent, while that
    chance is above GATE (knobs that help alone help together; where they do not, measuring says so and the
    model learns it).
@@ -62,7 +63,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from autoinfer.campaign.space import to_config
-from autoinfer.engines.base import Measurement, TrialConfig
+from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.model.performance import PerformanceModel
 from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers, partial_layer
 from autoinfer.search.context import SearchContext, typical
@@ -191,9 +192,41 @@ class Boundary:
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
-        if record_of(trial).search_reason is None:
+        sampled = record_of(trial).search_reason is None
+        if sampled:
             write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (every local move was measured)")
-        return self.memory.screen(trial, config)
+        skipped = self.memory.screen(trial, config)
+        if skipped is None and sampled:
+            skipped = self._whole_layers_lose(dict(trial.params), config, Store(trial.study).records())
+        return skipped
+
+    def _whole_layers_lose(self, params: dict[str, Any], config: TrialConfig,
+                           trials: list[TrialRecord]) -> Measurement | None:
+        """Step 3 for the sampler's proposals: one that keeps more whole layers in RAM than the best trial so far is
+        not measured while the performance model (and the knob effects), with a process's luck, give it less than
+        GATE to beat that trial. On an H200 (benchmarks/tables/h200-35b-whole-layers.csv) every whole-layer offload
+        beside expert layers in RAM was slower than an expert placement of no more memory; after the local moves TPE
+        proposed them trial after trial."""
+        perf = self.perf.get(str(config.model))
+        if not self.share or perf is None or self.ctx.side != "device":
+            return None
+        whole = cpu_layers(config.n_gpu_layers, perf.shape.n_layers)
+        seen = self._seen(trials)
+        scored = [s for s in seen if s.score is not None and s.config is not None]
+        if not whole or not scored:
+            return None
+        best = max(scored, key=lambda s: s.score)
+        fewer = cpu_layers(best.config.n_gpu_layers, perf.shape.n_layers)
+        if fewer >= whole:
+            return None
+        gain, sd = self._gain(params, best, self._effects(seen))
+        sd = math.hypot(sd, RESIDUAL_SD)
+        chance = _chance(gain, sd)
+        if chance > GATE:
+            return None
+        return Measurement(Outcome.PREDICTED_SLOWER, reason=(
+            f"not measured: {whole} layers whole in RAM against {fewer} in trial {best.number}, the best so far, "
+            f"predicted ×{math.exp(gain):.2f} ± {sd:.2f} of its speed ({chance:.0%} to beat it)"))
 
     def observe(self, study: optuna.Study) -> None:
         learn(self.memory, self.campaign, study)

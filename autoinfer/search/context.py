@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from autoinfer.campaign.space import allowed
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, TrialConfig, capabilities
 from autoinfer.measure.gpu import measured_gpus
-from autoinfer.model.placement import PLACEMENT_KEYS
+from autoinfer.model.placement import PLACEMENT_KEYS, command_key
 from autoinfer.model.shape import ModelShape
 
 
@@ -40,6 +42,18 @@ class SearchContext:
     budget_mib: float | None = None  # per GPU on several GPUs
     n_gpus: int = 1  # GPUs this worker measures
     notes: list[str] = field(default_factory=list)
+    _commands: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def command(self, stored: Mapping[str, Any]) -> str:
+        """A key equal for stored configurations (TrialRecord.config) llama.cpp runs alike: a placement pattern
+        named by a table's column is moot where no layer's experts, or every layer's, are in RAM
+        (placement.command_key)."""
+        given = json.dumps(stored, sort_keys=True, default=str)
+        if given not in self._commands:
+            config = TrialConfig.from_params(dict(stored))
+            shape = self.shapes.get(str(config.model))
+            self._commands[given] = command_key(config, shape.n_layers if shape is not None else None)
+        return self._commands[given]
 
     @classmethod
     def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchContext":

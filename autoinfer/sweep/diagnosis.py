@@ -38,6 +38,8 @@ _FIXES = {
     "bad_output": "the engine printed nothing parsable: see the trial's stdout in results/<study>/trials/<n>/",
     "crash": "see the trial's stderr in results/<study>/trials/<n>/ and `autoinfer doctor`",
     "pruned": "every trial was cut short as hopeless: lower search.prune_below",
+    "predicted_slower": "the search left out whole-layer offloads the performance model says lose to the best trial: "
+                        "set search.informed false to measure every proposal",
 }
 
 

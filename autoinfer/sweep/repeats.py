@@ -7,7 +7,8 @@ measurement's values (so TPE stays informed), tagged `repeat_of=N`, and recorded
 budget; one that another worker is measuring right now is pruned the same way. A sampler sure of itself suggests
 the same few configurations again and again, and workers with one seed suggest what another is running: after
 `NUDGE_AFTER` repeats in a row, or at once after a running one, an unmeasured configuration drawn at random is queued
-(said and tagged `explore_after_repeats`), and when none is left the space is exhausted.
+(said and tagged `explore_after_repeats`), and when none is left the space is exhausted. The same configuration is
+the same command line: a placement pattern is moot where no layer's experts, or every layer's, are in RAM.
 Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, a dead process's trial:
 `retry_of`) and run as usual.
 """
@@ -15,7 +16,7 @@ Re-measurements the project makes on purpose carry their own tag (drift: `remeas
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import optuna
@@ -39,16 +40,20 @@ def deliberate(record: TrialRecord) -> bool:
     return any(getattr(record, tag) is not None for tag in DELIBERATE)
 
 
-def earlier(trials: Iterable[TrialRecord], config: Mapping[str, Any] | None, flagged: set[int],
-            asking: int) -> TrialRecord | None:
-    """The latest measurement of exactly this configuration, one not flagged by the drift anchor first; else a trial
-    of it that another worker is running (other than `asking`, the trial being decided)."""
+def earlier(trials: Iterable[TrialRecord], config: Mapping[str, Any] | None, flagged: set[int], asking: int,
+            command: Callable[[Mapping[str, Any]], Any] = dict) -> TrialRecord | None:
+    """The latest measurement of this configuration (`command`: a key equal for configurations that run alike),
+    one not flagged by the drift anchor first; else a trial of it that another worker is running (other than
+    `asking`, the trial being decided)."""
+    if config is None:
+        return None
     trials = list(trials)
-    same = [t for t in trials if t.is_finished and t.config == config]
+    key = command(config)
+    same = [t for t in trials if t.is_finished and t.config is not None and command(t.config) == key]
     if same:
         return max(same, key=lambda t: (t.number not in flagged, t.number))
-    return next((t for t in trials if t.state == TrialState.RUNNING and t.number != asking
-                 and t.config == config and t.repeat_of is None), None)
+    return next((t for t in trials if t.state == TrialState.RUNNING and t.number != asking and t.config is not None
+                 and command(t.config) == key and t.repeat_of is None), None)
 
 
 def answer(study: optuna.Study, trial: optuna.Trial, source: TrialRecord) -> None:
@@ -76,11 +81,13 @@ def _draw(dist: BaseDistribution, rng: random.Random) -> Any:
 
 
 def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[TrialRecord], rng: random.Random,
-               tries: int = 500) -> dict[str, Any] | None:
-    """Parameters drawn at random that no measured or running trial has (None when `tries` draws find none: for a
-    finite space that small, every configuration was measured)."""
+               tries: int = 500, screened: bool = False) -> dict[str, Any] | None:
+    """Parameters drawn at random that no measured or running trial has, nor, with `screened`, one recorded without
+    a measurement (predicted over the budget or slower, refused); None when `tries` draws find none: for a finite
+    space that small, every configuration was measured (or screened)."""
     seen = {repr(sorted(t.params.items())) for t in trials
-            if t.is_finished or t.state in (TrialState.RUNNING, TrialState.WAITING)}
+            if t.is_finished or t.state in (TrialState.RUNNING, TrialState.WAITING)
+            or (screened and t.unmeasured and t.state.is_finished())}
     for _ in range(tries):
         params = {name: _draw(d, rng) for name, d in dists.items()}
         if repr(sorted(params.items())) not in seen:

@@ -127,7 +127,7 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
             trial.set_constraint("memory" if m.outcome.is_memory else "rejected", 1.0)
         _tell(study, trial, state=TrialState.PRUNED)
         return
-    if m.outcome is Outcome.PRUNED:
+    if m.outcome in (Outcome.PRUNED, Outcome.PREDICTED_SLOWER):
         _tell(study, trial, state=TrialState.PRUNED)
         return
     value = store.score({"tg": list(m.tg_samples), "pp": list(m.pp_samples),
@@ -245,7 +245,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
                 asked = record_of(trial)
                 source = None if repeats.deliberate(asked) else repeats.earlier(
-                    study_store.records(), asked.config, flagged_trials(study), trial.number)
+                    study_store.records(), asked.config, flagged_trials(study), trial.number, ctx.command)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
                     repeats.answer(study, trial, source)
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
@@ -281,8 +281,12 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     with worker.serialized(study):
                         strategy.observe(study)
                     if skips > _max_skips(budget.trials):
-                        view.note(f"stopped: {skips} configurations in a row could not run (memory, quality or "
-                                  "a combination the engine refuses)")
+                        view.note(f"stopped: {skips} configurations in a row were not run (memory, quality, a "
+                                  "combination the engine refuses, or whole layers in RAM predicted to lose)")
+                        break
+                    if repeats.unmeasured(dists, study_store.records(), nudge, screened=True) is None:
+                        view.note("stopped: every configuration of the space was measured or left out without a "
+                                  "measurement (the reasons are on the trials): nothing is left to run")
                         break
                     continue
                 skips = 0
