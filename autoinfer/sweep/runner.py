@@ -58,7 +58,7 @@ class SweepResult:
 
 
 def _max_skips(trial_budget: int) -> int:
-    """Consecutive trials that could not run (memory, quality, refusal) after which the sweep stops: the space
+    """Consecutive trials not run (memory, quality, refusal, predicted slower) after which the sweep stops: the space
     barely fits."""
     return max(50, 10 * trial_budget)
 
