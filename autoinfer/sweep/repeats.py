@@ -6,8 +6,9 @@ reads like a new result. Such a suggestion is answered without running anything:
 measurement's values (so TPE stays informed), tagged `repeat_of=N`, and recorded as unmeasured, which costs no
 budget; one that another worker is measuring right now is pruned the same way. A sampler sure of itself suggests
 the same few configurations again and again, and workers with one seed suggest what another is running: after
-`NUDGE_AFTER` repeats in a row, or at once after a running one, an unmeasured configuration drawn at random is queued
-(said and tagged `explore_after_repeats`), and when none is left the space is exhausted. The same configuration is
+`NUDGE_AFTER` repeats in a row, or at once after a running one, a configuration no trial has measured or left out
+(predicted over the budget or slower) drawn at random is queued (said and tagged `explore_after_repeats`), and when
+none is left the space is exhausted. The same configuration is
 the same command line: a placement pattern is moot where no layer's experts, or every layer's, are in RAM.
 Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, a dead process's trial:
 `retry_of`) and run as usual.

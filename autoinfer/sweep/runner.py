@@ -256,18 +256,19 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                         continue  # a queued trial (the search's proposal, a retry) is what the next ask runs
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
-                        fresh = repeats.unmeasured(dists, study_store.records(), nudge)
+                        fresh = repeats.unmeasured(dists, study_store.records(), nudge, screened=True)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
                             view.note(f"stopped: {repeated} suggestions in a row were configurations already "
-                                      "measured and no unmeasured one is left: the search space is exhausted")
+                                      "measured and none is left that no trial measured or left out: the search "
+                                      "space is exhausted")
                             break
                         with worker.serialized(study):  # other workers may fill the budget meanwhile
                             queued = gate.room()
                             if queued:
                                 study_store.enqueue(fresh, explore_after_repeats=repeated)
                         if queued:
-                            view.note(f"{repeated} repeat(s) in a row: an unmeasured configuration drawn at random "
-                                      f"is queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
+                            view.note(f"{repeated} repeat(s) in a row: a configuration no trial has measured or left "
+                                      f"out, drawn at random, is queued ({' '.join(f'{k}={v}' for k, v in fresh.items())})")
                     continue
                 repeated = 0
                 view.start(trial.number, asked.shown_params)
