@@ -8,8 +8,8 @@ budget; one that another worker is measuring right now is pruned the same way. A
 the same few configurations again and again, and workers with one seed suggest what another is running: after
 `NUDGE_AFTER` repeats in a row, or at once after a running one, a configuration no trial has measured or left out
 (predicted over the budget or slower) drawn at random is queued (said and tagged `explore_after_repeats`), and when
-none is left the space is exhausted. The same configuration is
-the same command line: a placement pattern is moot where no layer's experts, or every layer's, are in RAM.
+none is left the space is exhausted. The same configuration is the same command line: a placement pattern is moot
+where no layer's experts, or every layer's, are in RAM.
 Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, a dead process's trial:
 `retry_of`) and run as usual.
 """
@@ -82,13 +82,12 @@ def _draw(dist: BaseDistribution, rng: random.Random) -> Any:
 
 
 def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[TrialRecord], rng: random.Random,
-               tries: int = 500, screened: bool = False) -> dict[str, Any] | None:
-    """Parameters drawn at random that no measured or running trial has, nor, with `screened`, one recorded without
-    a measurement (predicted over the budget or slower, refused); None when `tries` draws find none: for a finite
-    space that small, every configuration was measured (or screened)."""
+               tries: int = 500) -> dict[str, Any] | None:
+    """Parameters drawn at random that no trial has measured, is running or left out (recorded without a
+    measurement: predicted over the budget or slower, refused, answered as a repeat); None when `tries` draws find
+    none: for a finite space that small, every configuration was measured or left out."""
     seen = {repr(sorted(t.params.items())) for t in trials
-            if t.is_finished or t.state in (TrialState.RUNNING, TrialState.WAITING)
-            or (screened and t.unmeasured and t.state.is_finished())}
+            if t.state.is_finished() or t.state in (TrialState.RUNNING, TrialState.WAITING)}
     for _ in range(tries):
         params = {name: _draw(d, rng) for name, d in dists.items()}
         if repr(sorted(params.items())) not in seen:

@@ -256,7 +256,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                         continue  # a queued trial (the search's proposal, a retry) is what the next ask runs
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
-                        fresh = repeats.unmeasured(dists, study_store.records(), nudge, screened=True)
+                        fresh = repeats.unmeasured(dists, study_store.records(), nudge)
                         if fresh is None or repeated > repeats.MAX_IN_A_ROW:
                             view.note(f"stopped: {repeated} suggestions in a row were configurations already "
                                       "measured and none is left that no trial measured or left out: the search "
@@ -285,7 +285,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                         view.note(f"stopped: {skips} configurations in a row were not run (memory, quality, a "
                                   "combination the engine refuses, or whole layers in RAM predicted to lose)")
                         break
-                    if repeats.unmeasured(dists, study_store.records(), nudge, screened=True) is None:
+                    if repeats.unmeasured(dists, study_store.records(), nudge) is None:
                         view.note("stopped: every configuration of the space was measured or left out without a "
                                   "measurement (the reasons are on the trials): nothing is left to run")
                         break
