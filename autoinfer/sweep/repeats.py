@@ -42,7 +42,7 @@ def deliberate(record: TrialRecord) -> bool:
 
 
 def earlier(trials: Iterable[TrialRecord], config: Mapping[str, Any] | None, flagged: set[int], asking: int,
-            command: Callable[[Mapping[str, Any]], Any] = dict) -> TrialRecord | None:
+            command: Callable[[Mapping[str, Any]], Any]) -> TrialRecord | None:
     """The latest measurement of this configuration (`command`: a key equal for configurations that run alike),
     one not flagged by the drift anchor first; else a trial of it that another worker is running (other than
     `asking`, the trial being decided)."""
