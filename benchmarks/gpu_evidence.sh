@@ -12,6 +12,8 @@
 #       wholelayers (a sixth: whole layers in RAM (n_gpu_layers 20/28/36/99) x expert layers in RAM (0-40 in steps of
 #       8, the last layers'), 24 rows, ~4 minutes: the memory model's predictions for the combination, and whether it
 #       is dominated),
+#       spread (a seventh, never seen by the search: the last or a spread of layers' experts in RAM x ubatch 256/1024
+#       x threads 8/16 at 9 placements around the 8, 12 and 16 GiB boundaries, 72 rows, ~8 minutes),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
 #       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
 #       printed llama-server and in the server's default slots, interleaved; benchmarks/server_memory.py),
@@ -85,6 +87,12 @@ for step in "$@"; do
         --grid n_gpu_layers=20,28,36,99 cpu_expert_layers=0-40+8 \
         --fixed placement=last flash_attn=on threads=16 ubatch=512 load_mode=mmap \
         --n-prompt 512 --n-gen 32 --repetitions 2 --seed 17 --max-minutes "${KNOB_MINUTES:-6}" --resume
+      ;;
+    spread)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h200-35b-spread.csv" \
+        --grid cpu_expert_layers=7,8,9,17,18,19,27,28,29 placement=last,even ubatch=256,1024 threads=8,16 \
+        --fixed n_gpu_layers=99 flash_attn=on type_k=f16 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --seed 19 --max-minutes "${KNOB_MINUTES:-10}" --resume
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \

@@ -1,5 +1,5 @@
 """What `status` shows about the search: the memory model's error, the informed start, why the last trials were
-chosen, the Pareto front."""
+chosen, why the sweep ended, the Pareto front."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def status_rows(study: optuna.Study) -> list[tuple[str, str]]:
     if sampled:
         rows.append(("  sampled", f"{len(sampled)} trial(s) chosen by the sampler once the strategy had no move left "
                                   f"(trials {sampled[0].number}–{sampled[-1].number})"))
+    if kept.stopped:
+        rows.append(("sweep stopped", kept.stopped))
     if kept.pareto_front is not None:
         for p in front(study):
             rows.append((f"pareto trial {p.trial.number}",

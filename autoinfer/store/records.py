@@ -693,6 +693,7 @@ class StudyRecord:
     search_notes: tuple[str, ...] = _attr(factory=tuple, decode=_tuple, encode=_list)  # what the informed start did
     pareto_front: tuple[int, ...] | None = _attr(decode=_tuple, encode=_list)  # trial numbers, `objective: pareto`
     contest: ContestRecord | None = _attr(decode=ContestRecord.from_attr, encode=ContestRecord.to_attr)
+    stopped: str | None = _attr()  # why the last sweep on this study ended (sweep/runner.py), for `status`
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> StudyRecord:

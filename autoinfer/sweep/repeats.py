@@ -35,6 +35,8 @@ from autoinfer.store.trials import write_trial
 DELIBERATE = ("remeasure_of", "retry_of", "again_of")  # TrialRecord tags of re-measurements made on purpose
 NUDGE_AFTER = 3  # repeat suggestions in a row after which an unmeasured configuration is queued
 MAX_IN_A_ROW = 50  # repeats in a row despite those: the sweep stops (queued ones realised as measured ones)
+EXHAUSTED = ("every configuration of the space was measured or left out without a measurement (the reasons are "
+             "on the trials): nothing is left to run")
 
 
 def deliberate(record: TrialRecord) -> bool:

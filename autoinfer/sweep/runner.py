@@ -223,18 +223,25 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 worker.SharedBudget(study, budget.trials, machine, view.note) as gate, \
                 _refusal_fails_the_trial(study) as current:
             host = hostlock.for_campaign(campaign.engine, campaign.workers.allow_concurrent_on_host, view.note)
+
+            def stop(reason: str) -> None:  # said and kept on the study: `status` tells why the sweep ended
+                view.note(f"stopped: {reason}")
+                study_store.write_study(stopped=reason)
+
+            study_store.write_study(stopped=None)  # an earlier run's reason no longer holds
             while True:
                 if (len(done) + charged >= budget.trials
                         and not waiting_remeasurements(study_store.records(states=(TrialState.WAITING,)))):
                     with host:  # the end anchor; what it queues again is measured now, before the confirmation
                         if not guard.end_anchor():
+                            stop(f"trial budget of {budget.trials} reached")
                             break
                 if budget.wall_s is not None and store.elapsed_s(study, session_start) >= budget.wall_s:
-                    view.note(f"wall-time budget of {budget.wall_s:.0f} s reached")
+                    stop(f"wall-time budget of {budget.wall_s:.0f} s reached")
                     break
                 trial = gate.ask(dists)
                 if trial is None:
-                    view.note(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
+                    stop(f"trial budget of {budget.trials} reached (trials finished or running on any worker)")
                     break
                 current[:] = [trial]
                 params: dict[str, Any] = dict(trial.params)  # study.ask(dists) suggested every one
@@ -257,10 +264,13 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                         continue  # a queued trial (the search's proposal, a retry) is what the next ask runs
                     if repeated >= repeats.NUDGE_AFTER or source.state == TrialState.RUNNING:
                         fresh = repeats.unmeasured(dists, study_store.records(), nudge)
-                        if fresh is None or repeated > repeats.MAX_IN_A_ROW:
-                            view.note(f"stopped: {repeated} suggestions in a row were configurations already "
-                                      "measured and none is left that no trial measured or left out: the search "
-                                      "space is exhausted")
+                        if fresh is None:
+                            stop(f"{repeated} suggestion(s) in a row were configurations already measured, and "
+                                 f"{repeats.EXHAUSTED}")
+                            break
+                        if repeated > repeats.MAX_IN_A_ROW:
+                            stop(f"{repeated} suggestions in a row were configurations already measured, also after "
+                                 "configurations no trial had measured were queued")
                             break
                         with worker.serialized(study):  # other workers may fill the budget meanwhile
                             queued = gate.room()
@@ -282,12 +292,11 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                     with worker.serialized(study):
                         strategy.observe(study)
                     if skips > _max_skips(budget.trials):
-                        view.note(f"stopped: {skips} configurations in a row were not run (memory, quality, a "
-                                  "combination the engine refuses, or whole layers in RAM predicted to lose)")
+                        stop(f"{skips} configurations in a row were not run (memory, quality, a combination the "
+                             "engine refuses, or whole layers in RAM predicted to lose)")
                         break
                     if repeats.unmeasured(dists, study_store.records(), nudge) is None:
-                        view.note("stopped: every configuration of the space was measured or left out without a "
-                                  "measurement (the reasons are on the trials): nothing is left to run")
+                        stop(repeats.EXHAUSTED)
                         break
                     continue
                 skips = 0

@@ -15,6 +15,7 @@ from autoinfer.engines.replay import parameter_columns, read_table, shape_path
 from autoinfer.model.placement import command_key
 from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
+from autoinfer.sweep.repeats import EXHAUSTED
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
@@ -86,6 +87,7 @@ def test_the_samplers_whole_layer_offloads_are_left_out_where_expert_placement_w
     assert slower and all(t.unmeasured and t.params["n_gpu_layers"] < 99 and "to beat it" in t.reason for t in slower)
     assert all(t.params["n_gpu_layers"] == 99 for t in measured) and len(measured) < 30
     assert len(records) < 200  # stopped, not spinning until the skip limit (301 in a row, ~1000 records) made it
+    assert Store(study).study_record().stopped.endswith(EXHAUSTED)  # and says why, for `status`
     best = df[(df.vram_mib <= budget)].tg.max()
     assert max(df.tg.iloc[t.metrics["replay_row"]] for t in measured if t.outcome == "ok") == best
 
@@ -111,6 +113,7 @@ def test_status_explains_the_choices():
     print_status(console, study)
     text = console.export_text()
     assert "boundary: fastest placement predicted to fit" in text and "local:" in text
+    assert "sweep stopped" in text and "trial budget of 4 reached" in text
 
 
 def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):

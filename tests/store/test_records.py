@@ -93,6 +93,7 @@ STORED_STUDY = {
         {"key": 1, "study": "ours", "engine": "reference", "trial": 5}],
         "left_out": ["third: no feasible successful trial"], "after_trials": {"llama": 12, "ours": 8},
         "final": None},
+    "stopped": "trial budget of 12 reached",
 }
 
 
@@ -163,6 +164,7 @@ def test_a_study_stored_by_an_earlier_version_reads_into_every_field():
     assert r.pareto_front == (3, 5) and r.search_notes == ("no GPU: no llama-fit-params baseline",)
     assert r.contest.label(1) == "ours trial 5 (reference)" and r.contest.after_trials == {"llama": 12, "ours": 8}
     assert r.contest.winner is None and r.contest.left_out == ("third: no feasible successful trial",)
+    assert r.stopped == "trial budget of 12 reached"
     assert r.to_attrs() == STORED_STUDY  # and it stores them back unchanged
 
 
