@@ -65,7 +65,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import command_key, cpu_expert_layers, cpu_layers, partial_layer
+from autoinfer.model.placement import cpu_expert_layers, cpu_layers, partial_layer
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import RESIDUAL_SD, KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
@@ -707,9 +707,7 @@ class Boundary:
         or every layer's, are in RAM (the same tensors on the same devices). Such a configuration is not measured
         again under another pattern's name (synthetic-298 at 16 GiB measured all three patterns with no expert in
         RAM, benchmarks/results/search-efficiency.md)."""
-        config = self._config(params)
-        perf = self.perf.get(str(config.model))
-        return command_key(config, perf.shape.n_layers if perf is not None else None)
+        return self.ctx.command_of(self._config(params))
 
     def _predict(self, config: TrialConfig) -> float | None:
         pred = self.memory.predict(config)

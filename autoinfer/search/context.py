@@ -50,10 +50,13 @@ class SearchContext:
         (placement.command_key)."""
         given = json.dumps(stored, sort_keys=True, default=str)
         if given not in self._commands:
-            config = TrialConfig.from_params(dict(stored))
-            shape = self.shapes.get(str(config.model))
-            self._commands[given] = command_key(config, shape.n_layers if shape is not None else None)
+            self._commands[given] = self.command_of(TrialConfig.from_params(dict(stored)))
         return self._commands[given]
+
+    def command_of(self, config: TrialConfig) -> str:
+        """placement.command_key with the layer count of the config's model, where its shape is known."""
+        shape = self.shapes.get(str(config.model))
+        return command_key(config, shape.n_layers if shape is not None else None)
 
     @classmethod
     def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchContext":
