@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthetic tables: each run draws a new process's noise around the row's noise-free speed, "
                          "as a real re-measurement would, instead of replaying the row's one measurement (measured "
                          "tables replay their rows either way)")
+    ap.add_argument("--slow-processes", action="store_true",
+                    help="synthetic tables with slow processes planted: a process of one knob value (threads where "
+                         "there are threads) runs slow as a whole by chance (benchmarks/synthetic_tables.py, "
+                         "plant_slow_processes); with --fresh-noise every run draws its own")
     ap.add_argument("--quiet", action="store_true", help="only the summary, not each table's results")
     ap.add_argument("--out", type=Path, help="also write the results as JSON")
     ap.add_argument("--jobs", type=int, default=1,
@@ -160,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         run = pool.map if pool is not None else map
         if not args.no_synthetic:
             seeds = args.synthetic or list(REPORT_SEEDS)
-            tables += list(run(synthetic_table, [Path(scratch.name)] * len(seeds), seeds))
+            tables += list(run(synthetic_table, [Path(scratch.name)] * len(seeds), seeds,
+                               [args.slow_processes] * len(seeds)))
         cases = [(table, budget) for table in tables for budget in budgets_for(table, args.budget)]
         try:  # every case's targets before any run: a budget no row fits is an error now, not a worker's traceback
             goal = {(table, budget): scored(table, budget, args.objective) for table, budget in cases}

@@ -17,6 +17,8 @@ name's measurement and noise-free speed. With a draw each, the best row of a tab
 copies, a target only a search that measures the same command again could reach (synthetic-338 at 16 GiB: `first`
 with no experts in RAM 6.6% over its noise-free value); and the pattern's random effect on the CPU-side time, meant
 for which layers' experts sit in RAM, set their noise-free speeds up to 19% apart.
+With slow processes planted (plant_slow_processes, its own random stream), a process of one knob value runs fast or
+slow as a whole, as two threads on a 2-core host did: the noise a table of one process per row cannot show.
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def _names(key: str | tuple[str, str]) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else key
 
 
-def synthetic_table(folder: Path, seed: int) -> Path:
-    """Write synthetic-<seed>.csv (+ .shape.json and .meta.json with the budgets it allows) into folder."""
+def synthetic_table(folder: Path, seed: int, slow_processes: bool = False) -> Path:
+    """Write synthetic-<seed>.csv (+ .shape.json and .meta.json with the budgets it allows) into folder; with
+    `slow_processes`, synthetic-<seed>-slow.csv, the same table with slow processes planted (plant_slow_processes)."""
     rng = np.random.default_rng(1000 + seed)
     shape = random_shape(rng)
     space = random_space(rng, shape.n_layers)
@@ -141,18 +144,45 @@ def synthetic_table(folder: Path, seed: int) -> Path:
         pp_s = pp * np.exp(rng.normal(0, 2 * noise, 3))
         measured = {"tg": float(np.median(tg_s)), "pp": float(np.median(pp_s)), "vram_mib": round(vram, 1),
                     "tg_samples": " ".join(f"{v:.3f}" for v in tg_s), "pp_samples": " ".join(f"{v:.2f}" for v in pp_s)}
-        measured, free = commands.setdefault(command_key(config, shape.n_layers),
-                                             (measured, {"tg": float(tg), "pp": float(pp)}))
+        key = command_key(config, shape.n_layers)
+        measured, free = commands.setdefault(key, (measured, {"tg": float(tg), "pp": float(pp)}))
         rows.append({**params, **measured})
-        noise_free.append(free)
+        noise_free.append({**free, "command": key})
     df = pd.DataFrame(rows)
-    path = Path(folder) / f"synthetic-{seed}.csv"
-    df.to_csv(path, index=False)
     sds = {"tg_process_sd": noise, "tg_repetition_sd": noise, "pp_process_sd": 0.0, "pp_repetition_sd": 2 * noise}
-    pd.DataFrame(noise_free).assign(**sds).to_csv(noise_free_path(path), index=False)  # fresh_noise draws from these
+    free = pd.DataFrame(noise_free).assign(**sds)
+    if slow_processes:  # its own stream: the table without them stays the one judged before
+        df, free = plant_slow_processes(df, free, random, np.random.default_rng(5000 + seed))
+    path = Path(folder) / (f"synthetic-{seed}-slow.csv" if slow_processes else f"synthetic-{seed}.csv")
+    df.to_csv(path, index=False)
+    free.drop(columns="command").to_csv(noise_free_path(path), index=False)  # fresh_noise draws from these
     shape_path(path).write_text(shape.to_json())
     low, high = df["vram_mib"].min(), df["vram_mib"].max()
     budgets = [b for b in (8192, 12288, 16384) if low < b < high]
     path.with_suffix(".meta.json").write_text(pd.Series({"source": f"synthetic seed {seed}",
                                                          "budgets_mib": budgets}).to_json())
     return path
+
+
+def plant_slow_processes(df: pd.DataFrame, free: pd.DataFrame, knobs: list[str],
+                         rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Processes of one knob value that run fast or slow as a whole, as two threads on a 2-core host did
+    (benchmarks/results/cpu-small-threads.md: 0.62-1.30x one thread by the process, a row's repetitions agreeing).
+    The knob is threads where the table has it, else a random one of `knobs`; the value the fastest noise-free row
+    has, so the trap lies on the way to the answer. A process of it runs slow (tg and pp alike, by a factor of
+    0.61-0.86) with a chance of 10-40%: the median process stays fast and the noise-free value is its speed. Each
+    command line's one row (its process) is drawn slow or not with that chance; `free` gets `slow_share` and
+    `slow_log` for fresh_noise's draws (autoinfer/engines/replay.py)."""
+    knob = "threads" if "threads" in knobs else str(rng.choice(knobs))
+    value = df.loc[free["tg"].idxmax(), knob]
+    share, slow_log = float(rng.uniform(0.1, 0.4)), float(rng.uniform(0.15, 0.5))
+    planted = (df[knob] == value).to_numpy()
+    slow_commands = {c for c in sorted(set(free["command"][planted])) if rng.random() < share}
+    slow = free["command"].isin(slow_commands).to_numpy()
+    factor = np.exp(-slow_log)
+    df = df.copy()
+    for kind in ("tg", "pp"):
+        df.loc[slow, kind] *= factor
+        df.loc[slow, f"{kind}_samples"] = [" ".join(f"{float(v) * factor:.3f}" for v in samples.split())
+                                           for samples in df.loc[slow, f"{kind}_samples"]]
+    return df, free.assign(slow_share=np.where(planted, share, 0.0), slow_log=np.where(planted, slow_log, 0.0))

@@ -12,7 +12,9 @@ A row is one process's measurement, so replaying its samples again replays its l
 twice (the search's `again`, a confirmation) agrees with itself where a fresh process would not. A generated table
 knows more: its `<table>.noise-free.csv` (benchmarks/synthetic_tables.py) holds each row's tg and pp before noise and
 the noise's standard deviations (log scale) per process and per repetition. With engine option `fresh_noise`, each
-run draws its samples from those, around the row's noise-free value, as a new process would measure them.
+run draws its samples from those, around the row's noise-free value, as a new process would measure them; where the
+sidecar has `slow_share` and `slow_log`, a process runs slow as a whole (tg and pp by exp(-slow_log)) with that
+chance, as two threads on a 2-core host did (benchmarks/results/cpu-small-threads.md).
 """
 
 from __future__ import annotations
@@ -208,8 +210,9 @@ class ReplayEngine(Engine):
         if outcome != Outcome.OK.value:
             return Measurement(Outcome(outcome), reason=f"replayed from row {index}", **of_row,
                                wall_s=wall or time.monotonic() - started)
-        tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0)
-        pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0)
+        slow = self._slow(row)
+        tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0, slow)
+        pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0, slow)
         first = tg or pp
         if first and ctx.on_first_sample is not None and ctx.on_first_sample(first[0]):
             return Measurement(Outcome.PRUNED, reason="first repetition far below the best so far",
@@ -219,14 +222,21 @@ class ReplayEngine(Engine):
         return Measurement(Outcome.OK, reason=lacks, tg_samples=tg, pp_samples=pp, **of_row,
                            wall_s=wall if wall is not None else time.monotonic() - started)
 
-    def _draw(self, row: pd.Series, kind: str, n: int) -> tuple[float, ...]:
-        """n repetitions: drawn as a fresh process would measure them (fresh_noise), else resampled from the row's
-        samples when it has them, else its median repeated."""
+    def _slow(self, row: pd.Series) -> float:
+        """The log factor this run's process loses as a whole (fresh_noise with slow processes), else 0."""
+        if self.fresh is None or "slow_share" not in self.fresh:
+            return 0.0
+        free = self.fresh.loc[row.name]
+        return float(free["slow_log"]) if self.rng.random() < free["slow_share"] else 0.0
+
+    def _draw(self, row: pd.Series, kind: str, n: int, slow: float) -> tuple[float, ...]:
+        """n repetitions: drawn as a fresh process would measure them (fresh_noise; `slow`, the log factor the
+        process loses), else resampled from the row's samples when it has them, else its median repeated."""
         if n == 0 or kind not in row or pd.isna(row[kind]):
             return ()
         if self.fresh is not None:
             free = self.fresh.loc[row.name]
-            shift = self.rng.normal(0.0, free[f"{kind}_process_sd"])  # one per run: the process's own luck
+            shift = self.rng.normal(0.0, free[f"{kind}_process_sd"]) - slow  # one per run: the process's own luck
             logs = shift + self.rng.normal(0.0, free[f"{kind}_repetition_sd"], n)
             return tuple(float(v) for v in free[kind] * np.exp(logs))
         samples = _samples(row.get(f"{kind}_samples"))

@@ -108,6 +108,27 @@ def test_fresh_noise_draws_a_new_process_around_the_noise_free_speed(tmp_path):
         base.create("replay", table=str(table), fresh_noise=True)
 
 
+def test_fresh_noise_runs_a_process_slow_as_a_whole_by_its_chance(tmp_path):
+    """Slow processes (slow_share, slow_log in the sidecar): a run is slow or not as a whole, tg and pp alike, with
+    the row's chance; a row without the chance never is."""
+    table = tmp_path / "bimodal.csv"
+    pd.DataFrame([{"threads": t, "tg": 100.0, "pp": 40.0} for t in (1, 2)]).to_csv(table, index=False)
+    free = {"tg": 100.0, "pp": 40.0, "tg_process_sd": 0.0, "tg_repetition_sd": 0.0, "pp_process_sd": 0.0,
+            "pp_repetition_sd": 0.0}
+    pd.DataFrame([{**free, "slow_share": 0.0, "slow_log": 0.0}, {**free, "slow_share": 0.3, "slow_log": 0.4}]
+                 ).to_csv(tmp_path / "bimodal.noise-free.csv", index=False)
+    engine = base.create("replay", table=str(table), seed=5, fresh_noise=True)
+    ctx = RunContext(timeout_s=1, artifacts=tmp_path)
+    runs = {t: [engine.run(TrialConfig(model=Path("m"), threads=t, repetitions=3), ctx) for _ in range(400)]
+            for t in (1, 2)}
+    assert all(r.tg_samples == (100.0,) * 3 and r.pp_samples == (40.0,) * 3 for r in runs[1])
+    slow = [r for r in runs[2] if r.tg_samples[0] < 100.0]
+    assert 0.22 < len(slow) / 400 < 0.38
+    assert all(r.tg_samples == (pytest.approx(100.0 * math.exp(-0.4)),) * 3 for r in slow)
+    assert all(r.pp_samples == (pytest.approx(40.0 * math.exp(-0.4)),) * 3 for r in slow)
+    assert all(r.pp_samples == (40.0,) * 3 for r in runs[2] if r not in slow)
+
+
 def test_table_without_results_is_refused(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("ubatch,speed\n1,2\n")

@@ -5,9 +5,11 @@ tables list one measurement per llama.cpp command line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from autoinfer.engines.replay import noise_free_path
 from autoinfer.sweep.replay_cli import compare
@@ -64,3 +66,27 @@ def test_a_synthetic_table_lists_one_measurement_per_command_line(tmp_path, monk
     assert (twins["free"].nunique() == 1).all()  # one true speed, too
     # where the pattern matters, the rows are measurements of their own
     assert df[~df.index.isin(moot.index)].groupby(others)["tg_samples"].nunique().gt(1).any()
+
+
+def test_slow_processes_are_planted_on_the_fastest_rows_value_and_nowhere_else(tmp_path, monkeypatch):
+    """The same table with slow processes: the fastest noise-free row's threads value has a chance of slow
+    processes in the sidecar; some of its rows (one process each) are slow by that factor, tg and pp; every other
+    row and every noise-free speed is the plain table's."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from synthetic_tables import synthetic_table
+
+    plain, slow = synthetic_table(tmp_path, 0), synthetic_table(tmp_path, 0, slow_processes=True)
+    assert slow.name == "synthetic-0-slow.csv" and "threads" in pd.read_csv(plain)
+    a, b = pd.read_csv(plain), pd.read_csv(slow)
+    free_a, free_b = pd.read_csv(noise_free_path(plain)), pd.read_csv(noise_free_path(slow))
+    assert free_a.equals(free_b.drop(columns=["slow_share", "slow_log"]))
+    value = a.loc[free_a["tg"].idxmax(), "threads"]
+    planted = b["threads"] == value
+    assert (free_b["slow_share"][planted] > 0).all() and (free_b["slow_share"][~planted] == 0).all()
+    factor = math.exp(-free_b["slow_log"][planted].iloc[0])
+    changed = a["tg"] != b["tg"]
+    assert changed.any() and not (changed & ~planted).any()
+    assert b["tg"][changed].to_numpy() == pytest.approx(factor * a["tg"][changed].to_numpy(), rel=1e-6)
+    assert b["pp"][changed].to_numpy() == pytest.approx(factor * a["pp"][changed].to_numpy(), rel=1e-6)
+    assert a.drop(columns=["tg", "pp", "tg_samples", "pp_samples"]).equals(
+        b.drop(columns=["tg", "pp", "tg_samples", "pp_samples"]))
