@@ -44,7 +44,8 @@ one GPU share down as a local move, developed on the H100 partial table (kept: t
 difference from the measured fit, developed on a GPU run (kept: the same trials on 84 of 85 table-budgets; 575 was
 traced after); 592-615 judged the search unseen once more, with the measured tables; 616-623 once more (and an
 anchored memory prediction, whose run did not finish: not kept); 624-647 once more; 648-671 once more, at
-b9e5208, beside a seventh GPU table (h200-35b-spread) that no run had seen.
+b9e5208, beside a seventh GPU table (h200-35b-spread) that no run had seen; 696-719, with slow processes planted
+(--slow-processes), judged the search and a re-measurement of a move one process may have misled (not kept).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
