@@ -49,6 +49,8 @@ def noise_free_path(table: Path) -> Path:
 
 #: Columns of a noise-free sidecar that `fresh_noise` draws from: per kind, the value before noise and the log SDs.
 FRESH_COLUMNS = tuple(f"{kind}{suffix}" for kind in ("tg", "pp") for suffix in ("", "_process_sd", "_repetition_sd"))
+#: Optional columns of the sidecar: a process's chance to run slow as a whole, and the log factor it then loses.
+SLOW_COLUMNS = ("slow_share", "slow_log")
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -268,4 +270,9 @@ def _fresh_noise(table: Path, rows: int) -> pd.DataFrame:
         raise UserError(f"{path} needs {rows} rows and columns {', '.join(FRESH_COLUMNS)}"
                         + (f" (missing {', '.join(missing)})" if missing else f", not {len(free)} rows")
                         + "; write it again with benchmarks/synthetic_tables.py")
+    slow = [c for c in SLOW_COLUMNS if c in free]
+    if slow and len(slow) < len(SLOW_COLUMNS):
+        raise UserError(f"{path} has {slow[0]} without {', '.join(c for c in SLOW_COLUMNS if c not in slow)}: slow "
+                        "processes need both (the chance and the log factor); write it again with "
+                        "benchmarks/synthetic_tables.py")
     return free

@@ -127,6 +127,9 @@ def test_fresh_noise_runs_a_process_slow_as_a_whole_by_its_chance(tmp_path):
     assert all(r.tg_samples == (pytest.approx(100.0 * math.exp(-0.4)),) * 3 for r in slow)
     assert all(r.pp_samples == (pytest.approx(40.0 * math.exp(-0.4)),) * 3 for r in slow)
     assert all(r.pp_samples == (40.0,) * 3 for r in runs[2] if r not in slow)
+    pd.DataFrame([free, free]).assign(slow_share=0.3).to_csv(tmp_path / "bimodal.noise-free.csv", index=False)
+    with pytest.raises(UserError, match="has slow_share without slow_log"):
+        base.create("replay", table=str(table), fresh_noise=True)
 
 
 def test_table_without_results_is_refused(tmp_path):
