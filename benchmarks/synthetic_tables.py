@@ -159,7 +159,8 @@ def synthetic_table(folder: Path, seed: int, slow_processes: bool = False) -> Pa
     shape_path(path).write_text(shape.to_json())
     low, high = df["vram_mib"].min(), df["vram_mib"].max()
     budgets = [b for b in (8192, 12288, 16384) if low < b < high]
-    path.with_suffix(".meta.json").write_text(pd.Series({"source": f"synthetic seed {seed}",
+    source = f"synthetic seed {seed}" + (", with slow processes" if slow_processes else "")
+    path.with_suffix(".meta.json").write_text(pd.Series({"source": source,
                                                          "budgets_mib": budgets}).to_json())
     return path
 

@@ -77,6 +77,7 @@ def test_slow_processes_are_planted_on_the_fastest_rows_value_and_nowhere_else(t
 
     plain, slow = synthetic_table(tmp_path, 0), synthetic_table(tmp_path, 0, slow_processes=True)
     assert slow.name == "synthetic-0-slow.csv" and "threads" in pd.read_csv(plain)
+    assert json.loads(slow.with_suffix(".meta.json").read_text())["source"] == "synthetic seed 0, with slow processes"
     a, b = pd.read_csv(plain), pd.read_csv(slow)
     free_a, free_b = pd.read_csv(noise_free_path(plain)), pd.read_csv(noise_free_path(slow))
     assert free_a.equals(free_b.drop(columns=["slow_share", "slow_log"]))
