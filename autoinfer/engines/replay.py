@@ -212,9 +212,10 @@ class ReplayEngine(Engine):
         if outcome != Outcome.OK.value:
             return Measurement(Outcome(outcome), reason=f"replayed from row {index}", **of_row,
                                wall_s=wall or time.monotonic() - started)
-        slow = self._slow(row)
-        tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0, slow)
-        pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0, slow)
+        free = self.fresh.loc[row.name] if self.fresh is not None else None  # the row before noise (fresh_noise)
+        slow = self._slow(free)
+        tg = self._draw(row, "tg", config.repetitions if config.n_gen else 0, free, slow)
+        pp = self._draw(row, "pp", config.repetitions if config.n_prompt else 0, free, slow)
         first = tg or pp
         if first and ctx.on_first_sample is not None and ctx.on_first_sample(first[0]):
             return Measurement(Outcome.PRUNED, reason="first repetition far below the best so far",
@@ -224,20 +225,20 @@ class ReplayEngine(Engine):
         return Measurement(Outcome.OK, reason=lacks, tg_samples=tg, pp_samples=pp, **of_row,
                            wall_s=wall if wall is not None else time.monotonic() - started)
 
-    def _slow(self, row: pd.Series) -> float:
-        """The log factor this run's process loses as a whole (fresh_noise with slow processes), else 0."""
-        if self.fresh is None or "slow_share" not in self.fresh:
+    def _slow(self, free: pd.Series | None) -> float:
+        """The log factor this run's process loses as a whole (`free`, the row's sidecar, with slow processes), else
+        0."""
+        if free is None or "slow_share" not in free:
             return 0.0
-        free = self.fresh.loc[row.name]
         return float(free["slow_log"]) if self.rng.random() < free["slow_share"] else 0.0
 
-    def _draw(self, row: pd.Series, kind: str, n: int, slow: float) -> tuple[float, ...]:
-        """n repetitions: drawn as a fresh process would measure them (fresh_noise; `slow`, the log factor the
-        process loses), else resampled from the row's samples when it has them, else its median repeated."""
+    def _draw(self, row: pd.Series, kind: str, n: int, free: pd.Series | None, slow: float) -> tuple[float, ...]:
+        """n repetitions: drawn as a fresh process would measure them (`free`, the row's sidecar, under fresh_noise;
+        `slow`, the log factor the process loses), else resampled from the row's samples when it has them, else its
+        median repeated."""
         if n == 0 or kind not in row or pd.isna(row[kind]):
             return ()
-        if self.fresh is not None:
-            free = self.fresh.loc[row.name]
+        if free is not None:
             shift = self.rng.normal(0.0, free[f"{kind}_process_sd"]) - slow  # one per run: the process's own luck
             logs = shift + self.rng.normal(0.0, free[f"{kind}_repetition_sd"], n)
             return tuple(float(v) for v in free[kind] * np.exp(logs))
