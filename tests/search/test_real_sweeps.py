@@ -1,0 +1,79 @@
+"""The judgement of real sweeps (benchmarks/real_sweeps.py): an answer is worth its configuration's median over the
+truth rounds, over the best such median; variants are compared seed by seed; a saved run is judged again from its
+file; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import real_sweeps
+
+    return real_sweeps
+
+
+def _rounds(rs, speeds: dict[tuple, list[float]]) -> list[pd.DataFrame]:
+    """Rounds in make_table's form; every configuration of the grid at 100 tok/s unless `speeds` says otherwise."""
+    out = []
+    for i in range(3):
+        rows = []
+        for values in itertools.product(*rs.GRID.values()):
+            row = dict(zip(rs.GRID, values))
+            rows.append({**row, "tg": speeds.get(values, [100.0] * 3)[i], "outcome": "ok"})
+        out.append(pd.DataFrame(rows))
+    return out
+
+
+def _sweep(seed: int, answer: tuple, claimed: float) -> dict:
+    return {"seed": seed, "answer": dict(zip(("threads", "ubatch", "type_k", "flash_attn", "repack", "load_mode"),
+                                             answer)), "claimed": claimed, "confirmed": False, "again": 0}
+
+
+FAST = (2, 64, "q8_0", "on", 1, "none")
+SLOW = (1, 64, "q8_0", "on", 1, "none")
+
+
+def test_an_answer_is_worth_its_median_over_the_rounds_and_variants_are_paired_by_seed(monkeypatch):
+    """FAST's rounds 200 / 40 / 210 (one slow process): median 200, the best; SLOW 180 / 190 / 170: 0.9 of it. A
+    variant that answers SLOW on seed 0 and FAST on seed 1 is worth √0.9 of one that answers FAST on both."""
+    rs = _module(monkeypatch)
+    rounds = _rounds(rs, {FAST: [200.0, 40.0, 210.0], SLOW: [180.0, 190.0, 170.0]})
+    sweeps = {"a": [_sweep(0, FAST, 220.0), _sweep(1, FAST, 200.0)],
+              "b": [_sweep(0, SLOW, 180.0), _sweep(1, FAST, 200.0)]}
+    j = rs.judge(sweeps, rounds)
+    assert j["best_tg"] == 200.0 and j["best"]["threads"] == "2"
+    assert j["variants"]["a"]["worth_worst"] == 1.0 and j["variants"]["a"]["claimed_over_truth_median"] == pytest.approx(1.05)
+    assert j["variants"]["b"]["worth_worst"] == pytest.approx(0.9)
+    assert j["variants"]["b"]["within_98"] == 1 and j["variants"]["b"]["two_threads"] == 1
+    pair = j["b/a"]
+    assert (pair["seeds"], pair["better"], pair["worse"]) == (2, 0, 1)
+    assert pair["geomean"] == pytest.approx(math.sqrt(0.9))
+
+
+def test_a_saved_run_is_judged_again_from_its_file(monkeypatch, tmp_path, capsys):
+    rs = _module(monkeypatch)
+    rounds = _rounds(rs, {SLOW: [50.0, 50.0, 50.0]})
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"sweeps": {"a": [_sweep(0, SLOW, 55.0)]},
+                                 "truth": pd.concat([r.assign(round=i) for i, r in enumerate(rounds)])
+                                 .to_dict("records")}, default=str))
+    assert rs.main(["--judge", str(saved)]) == 0
+    assert json.loads(capsys.readouterr().out)["variants"]["a"]["worth_median"] == 0.5
+
+
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    rs = _module(monkeypatch)
+    assert rs.main(["--variant", f"x={tmp_path}", "--out", str(tmp_path / "o.json")]) == 2
+    assert rs.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "no autoinfer package" in err[0] and "--out is required" in err[1]
