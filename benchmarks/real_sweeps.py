@@ -85,11 +85,13 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
     out: dict = {"rounds": len(rounds), "best": dict(zip(GRID, best)), "best_tg": truth[best], "variants": {}}
     worth = {}
     for name, runs in sweeps.items():
-        w = {r["seed"]: truth[_key(r["answer"])] / truth[best] for r in runs if r["answer"]}
+        judged = [r for r in runs if r["answer"] and _key(r["answer"]) in truth]  # no truth: failed in every round
+        w = {r["seed"]: truth[_key(r["answer"])] / truth[best] for r in judged}
         worth[name] = w
-        claimed = [r["claimed"] / truth[_key(r["answer"])] for r in runs if r["answer"]]
+        claimed = [r["claimed"] / truth[_key(r["answer"])] for r in judged]
         out["variants"][name] = {
-            "sweeps": len(runs), "answers": len(w), "worth_median": statistics.median(w.values()),
+            "sweeps": len(runs), "answers": len(w), "unjudged": sum(1 for r in runs if r["answer"]) - len(judged),
+            "worth_median": statistics.median(w.values()),
             "worth_mean": statistics.mean(w.values()), "worth_worst": min(w.values()),
             "within_98": sum(v >= 0.98 for v in w.values()),
             "two_threads": sum(str(r["answer"]["threads"]) == "2" for r in runs if r["answer"]),
