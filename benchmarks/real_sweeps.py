@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -29,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.stats import wilcoxon
+
+from autoinfer.measure.stats import bootstrap_ci
 
 HERE = Path(__file__).resolve().parent
 GRID = {"threads": [1, 2], "ubatch": [64, 256], "type_k": ["f16", "q8_0"], "flash_attn": ["on", "off"],
@@ -58,8 +61,9 @@ def one_sweep(seed: int, db: Path, trials: int, confirm: bool) -> dict:
     }, str(db.with_suffix(".yaml")))
     study = sweep(campaign, storage=f"sqlite:///{db}", progress=False).study
     rec = recommend(study)
-    records = Store(study).records()
-    params = Store(study).record(rec.trial).params if rec else None
+    store = Store(study)
+    records = store.records()
+    params = store.record(rec.trial).params if rec else None
     return {"seed": seed, "answer": {k: params[k] for k in GRID} if params else None,
             "claimed": rec.speed if rec else None, "confirmed": bool(rec and rec.confirmed),
             "again": sum(r.again_of is not None for r in records),
@@ -86,6 +90,8 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
     worth = {}
     for name, runs in sweeps.items():
         judged = [r for r in runs if r["answer"] and _key(r["answer"]) in truth]  # no truth: failed in every round
+        if not judged:
+            raise ValueError(f"variant {name} has no answer that a truth round measured")
         w = {r["seed"]: truth[_key(r["answer"])] / truth[best] for r in judged}
         worth[name] = w
         claimed = [r["claimed"] / truth[_key(r["answer"])] for r in judged]
@@ -94,18 +100,17 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
             "worth_median": statistics.median(w.values()),
             "worth_mean": statistics.mean(w.values()), "worth_worst": min(w.values()),
             "within_98": sum(v >= 0.98 for v in w.values()),
-            "two_threads": sum(str(r["answer"]["threads"]) == "2" for r in runs if r["answer"]),
+            "two_threads": sum(str(r["answer"]["threads"]) == "2" for r in judged),
             "again": sum(r["again"] for r in runs), "claimed_over_truth_median": statistics.median(claimed)}
     names = list(sweeps)
     for other in names[1:]:
         seeds = sorted(set(worth[names[0]]) & set(worth[other]))
         ratio = np.array([worth[other][s] / worth[names[0]][s] for s in seeds])
-        rng = np.random.default_rng(0)
-        boot = [np.exp(np.mean(np.log(rng.choice(ratio, len(ratio))))) for _ in range(10000)]
+        ci = bootstrap_ci(np.log(ratio), stat=np.mean, n_resamples=10000) if len(ratio) > 1 else None
         diff = ratio - 1
         out[f"{other}/{names[0]}"] = {
             "seeds": len(seeds), "better": int((diff > 0.005).sum()), "worse": int((diff < -0.005).sum()),
-            "geomean": float(np.exp(np.mean(np.log(ratio)))), "ci95": [float(x) for x in np.percentile(boot, [2.5, 97.5])],
+            "geomean": float(np.exp(np.mean(np.log(ratio)))), "ci95": [math.exp(x) for x in ci] if ci else None,
             "wilcoxon_p": float(wilcoxon(diff).pvalue) if (diff != 0).any() else None}
     return out
 
@@ -127,12 +132,24 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one_sweep(int(seed), Path(db), int(trials), confirm == "1")))
         return 0
     if args.judge:
-        saved = json.loads(args.judge.read_text())
-        truth = pd.DataFrame(saved["truth"])
-        print(json.dumps(judge(saved["sweeps"], [g for _, g in truth.groupby("round")]), indent=1))
+        try:
+            saved = json.loads(args.judge.read_text())
+            truth = pd.DataFrame(saved["truth"])
+            print(json.dumps(judge(saved["sweeps"], [g for _, g in truth.groupby("round")]), indent=1))
+        except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            print(f"error: --judge {args.judge}: not a saved run ({type(e).__name__}: {e}); name a file this script "
+                  "wrote with --out", file=sys.stderr)
+            return 2
         return 0
     if args.out is None:
         print("error: --out is required to run sweeps (or --judge FILE to judge a saved run)", file=sys.stderr)
+        return 2
+    for name, value in (("--seeds", args.seeds), ("--trials", args.trials), ("--every", args.every)):
+        if value < 1:
+            print(f"error: {name} {value}: give at least 1", file=sys.stderr)
+            return 2
+    if any("=" not in v for v in args.variant):
+        print(f"error: --variant {next(v for v in args.variant if '=' not in v)}: give NAME=PATH", file=sys.stderr)
         return 2
     variants = dict(v.split("=", 1) for v in args.variant) or {"search": str(HERE.parent)}
     for name, tree in variants.items():

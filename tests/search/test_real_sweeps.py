@@ -75,5 +75,12 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
     rs = _module(monkeypatch)
     assert rs.main(["--variant", f"x={tmp_path}", "--out", str(tmp_path / "o.json")]) == 2
     assert rs.main([]) == 2
+    assert rs.main(["--variant", "base", "--out", str(tmp_path / "o.json")]) == 2
+    assert rs.main(["--seeds", "0", "--out", str(tmp_path / "o.json")]) == 2
+    assert rs.main(["--judge", str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "bad.json").write_text('{"sweeps": {}}')
+    assert rs.main(["--judge", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "no autoinfer package" in err[0] and "--out is required" in err[1]
+    assert len(err) == 6 and "no autoinfer package" in err[0] and "--out is required" in err[1]
+    assert "give NAME=PATH" in err[2] and "--seeds 0" in err[3]
+    assert all("not a saved run" in line for line in err[4:])
