@@ -95,3 +95,9 @@ def unmeasured(dists: dict[str, BaseDistribution], trials: Iterable[TrialRecord]
         if repr(sorted(params.items())) not in seen:
             return params
     return None
+
+
+def exhausted(dists: dict[str, BaseDistribution], trials: Iterable[TrialRecord]) -> bool:
+    """Whether unmeasured() finds nothing left. It draws from a stream of its own, so checking after every skipped
+    trial leaves the sweep's stream, which picks the configurations queued after repeats, as the seed set it."""
+    return unmeasured(dists, trials, random.Random(0)) is None

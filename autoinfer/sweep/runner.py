@@ -295,7 +295,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                         stop(f"{skips} configurations in a row were not run (memory, quality, a combination the "
                              "engine refuses, or whole layers in RAM predicted to lose)")
                         break
-                    if repeats.unmeasured(dists, study_store.records(), nudge) is None:
+                    if repeats.exhausted(dists, study_store.records()):
                         stop(repeats.EXHAUSTED)
                         break
                     continue

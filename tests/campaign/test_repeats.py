@@ -105,3 +105,23 @@ def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tm
     for t in trials:  # every trial the kills interrupted is failed, tagged, and its configuration measured
         if t.stale and t.params and t.repeat_of is None:
             assert any(r.retry_of == t.number and r.is_finished for r in trials)
+
+
+
+def test_whether_a_space_is_exhausted_is_told_without_the_sweeps_random_stream():
+    """After every skipped trial the sweep asks whether anything is left to measure; that check drew from the stream
+    that picks the configurations queued after repeats, so each skip changed what the sweep queued later. It takes
+    no stream now, and still tells one configuration left from none."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from autoinfer.sweep.repeats import exhausted
+
+    dists = {"threads": IntDistribution(1, 2), "ubatch": CategoricalDistribution([128, 512])}
+    study = optuna.create_study()
+    for threads, ubatch in ((1, 128), (1, 512), (2, 128)):
+        study.add_trial(create_trial(params={"threads": threads, "ubatch": ubatch}, distributions=dists, value=1.0))
+    assert not exhausted(dists, Store(study).records())
+    study.add_trial(create_trial(params={"threads": 2, "ubatch": 512}, distributions=dists, value=1.0))
+    assert exhausted(dists, Store(study).records())
