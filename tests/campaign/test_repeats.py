@@ -13,14 +13,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import optuna
 import yaml
-from optuna.trial import TrialState
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
 
 from autoinfer.campaign.spec import load_campaign
 from autoinfer.store import trials as store
 from autoinfer.store.trials import Store
 from autoinfer.sweep import runner
-from autoinfer.sweep.repeats import deliberate
+from autoinfer.sweep.repeats import deliberate, exhausted
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -107,17 +109,10 @@ def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tm
             assert any(r.retry_of == t.number and r.is_finished for r in trials)
 
 
-
 def test_whether_a_space_is_exhausted_is_told_without_the_sweeps_random_stream():
     """After every skipped trial the sweep asks whether anything is left to measure; that check drew from the stream
     that picks the configurations queued after repeats, so each skip changed what the sweep queued later. It takes
     no stream now, and still tells one configuration left from none."""
-    import optuna
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-    from optuna.trial import create_trial
-
-    from autoinfer.sweep.repeats import exhausted
-
     dists = {"threads": IntDistribution(1, 2), "ubatch": CategoricalDistribution([128, 512])}
     study = optuna.create_study()
     for threads, ubatch in ((1, 128), (1, 512), (2, 128)):
