@@ -79,7 +79,8 @@ def truth_round(out: Path, seed: int) -> None:
 
 
 def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
-    """Each answer's truth (its median over the rounds) over the best; variants compared seed by seed."""
+    """Each answer's truth (its median over the rounds) over the best; variants compared seed by seed. A variant
+    none of whose answers a round measured is reported with no worth, not raised: the run's sweeps are still saved."""
     samples: dict[tuple[str, ...], list[float]] = {}
     for frame in rounds:
         for row in frame[frame.outcome == "ok"].to_dict("records"):
@@ -90,19 +91,21 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
     worth = {}
     for name, runs in sweeps.items():
         judged = [r for r in runs if r["answer"] and _key(r["answer"]) in truth]  # no truth: failed in every round
+        unjudged = sum(1 for r in runs if r["answer"]) - len(judged)
         if not judged:
-            raise ValueError(f"variant {name} has no answer that a truth round measured")
+            out["variants"][name] = {"sweeps": len(runs), "answers": 0, "unjudged": unjudged}
+            continue
         w = {r["seed"]: truth[_key(r["answer"])] / truth[best] for r in judged}
         worth[name] = w
         claimed = [r["claimed"] / truth[_key(r["answer"])] for r in judged]
         out["variants"][name] = {
-            "sweeps": len(runs), "answers": len(w), "unjudged": sum(1 for r in runs if r["answer"]) - len(judged),
+            "sweeps": len(runs), "answers": len(w), "unjudged": unjudged,
             "worth_median": statistics.median(w.values()),
             "worth_mean": statistics.mean(w.values()), "worth_worst": min(w.values()),
             "within_98": sum(v >= 0.98 for v in w.values()),
             "two_threads": sum(str(r["answer"]["threads"]) == "2" for r in judged),
             "again": sum(r["again"] for r in runs), "claimed_over_truth_median": statistics.median(claimed)}
-    names = list(sweeps)
+    names = list(worth)
     for other in names[1:]:
         seeds = sorted(set(worth[names[0]]) & set(worth[other]))
         ratio = np.array([worth[other][s] / worth[names[0]][s] for s in seeds])

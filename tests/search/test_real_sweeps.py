@@ -60,6 +60,16 @@ def test_an_answer_is_worth_its_median_over_the_rounds_and_variants_are_paired_b
     assert pair["geomean"] == pytest.approx(math.sqrt(0.9))
 
 
+def test_a_variant_whose_answers_no_round_measured_is_reported_not_raised(monkeypatch):
+    """A judgement that raised there lost the whole run: the sweeps and truth rounds are written after it."""
+    rs = _module(monkeypatch)
+    rounds = _rounds(rs, {FAST: [200.0, 200.0, 200.0]})
+    unmeasured = (3, 64, "q8_0", "on", 1, "none")  # no round has three threads
+    j = rs.judge({"a": [_sweep(0, FAST, 200.0)], "b": [_sweep(0, unmeasured, 150.0)]}, rounds)
+    assert j["variants"]["b"] == {"sweeps": 1, "answers": 0, "unjudged": 1}
+    assert j["variants"]["a"]["worth_median"] == 1.0 and "b/a" not in j
+
+
 def test_a_saved_run_is_judged_again_from_its_file(monkeypatch, tmp_path, capsys):
     rs = _module(monkeypatch)
     rounds = _rounds(rs, {SLOW: [50.0, 50.0, 50.0]})
