@@ -109,11 +109,12 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
     for other in names[1:]:
         seeds = sorted(set(worth[names[0]]) & set(worth[other]))
         ratio = np.array([worth[other][s] / worth[names[0]][s] for s in seeds])
-        ci = bootstrap_ci(np.log(ratio), stat=np.mean, n_resamples=10000) if len(ratio) > 1 else None
+        log_ratio = np.log(ratio)
+        ci = bootstrap_ci(log_ratio, stat=np.mean, n_resamples=10000) if len(ratio) > 1 else None
         diff = ratio - 1
         out[f"{other}/{names[0]}"] = {
             "seeds": len(seeds), "better": int((diff > 0.005).sum()), "worse": int((diff < -0.005).sum()),
-            "geomean": float(np.exp(np.mean(np.log(ratio)))), "ci95": [math.exp(x) for x in ci] if ci else None,
+            "geomean": float(np.exp(np.mean(log_ratio))), "ci95": [math.exp(x) for x in ci] if ci else None,
             "wilcoxon_p": float(wilcoxon(diff).pvalue) if (diff != 0).any() else None}
     return out
 

@@ -21,7 +21,7 @@ def distributions(campaign: Campaign) -> dict[str, BaseDistribution]:
     out: dict[str, BaseDistribution] = {}
     for name, spec in campaign.searched().items():
         if isinstance(spec, IntRange):
-            out[name] = IntDistribution(spec.low, spec.high, step=1 if spec.log else spec.step, log=spec.log)
+            out[name] = IntDistribution(spec.low, spec.high, step=spec.step, log=spec.log)
         elif isinstance(spec, FloatRange):
             out[name] = FloatDistribution(spec.low, spec.high, log=spec.log)
         else:
@@ -30,7 +30,9 @@ def distributions(campaign: Campaign) -> dict[str, BaseDistribution]:
 
 
 def allowed(campaign: Campaign, name: str) -> list[Any] | None:
-    """Every value a parameter may take in the campaign (None: not in the space)."""
+    """Every value a parameter may take in the campaign, of a float range its ends and middle (None: not in the
+    space). Asked whether a value belongs to the space and for the GPU shares to enumerate; the boundary search's
+    knob values come from the Optuna distributions instead (search.boundary.allowed_values: fewer of a log range)."""
     spec = campaign.space.get(name)
     if spec is None:
         return None

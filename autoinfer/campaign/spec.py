@@ -37,6 +37,8 @@ class IntRange(StrictModel):
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
         if self.log and self.low < 1:
             raise ValueError(f"a log range needs low >= 1 (got {self.low}); drop log: true or raise low")
+        if self.log and self.step != 1:  # Optuna's log distributions take no step: it would be dropped unsaid
+            raise ValueError(f"a log range takes no step (got step {self.step}); drop step or log: true")
         return self
 
 

@@ -101,7 +101,8 @@ GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at th
 
 
 def allowed_values(dist: BaseDistribution) -> list[Any]:
-    """The values the strategy considers for a distribution (a float range: its ends and middle)."""
+    """The values the strategy considers for a distribution: every one of an integer range, eight spread evenly on a
+    log one, a float range's ends and middle (campaign.space.allowed answers which values belong to the space)."""
     if isinstance(dist, IntDistribution):
         if dist.log:
             return sorted({int(round(dist.low * (dist.high / dist.low) ** (i / 7))) for i in range(8)})

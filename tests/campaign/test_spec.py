@@ -53,6 +53,7 @@ def test_distributions_and_config_merge():
         ("name: x\nmodel: a.gguf\nbudget: {trials: 0}\n", "budget.trials"),
         ("name: x\nmodel: a.gguf\nconstraints: {vram_mib: -5}\n", "constraints.vram_mib"),
         ("name: x\nmodel: a.gguf\nspace: {threads: {low: 4, high: 1}}\n", "space.threads"),
+        ("name: x\nmodel: a.gguf\nspace: {ubatch: {low: 32, high: 512, step: 32, log: true}}\n", "takes no step"),
         ("name: x\nmodel: a.gguf\nmeasure: {n_prompt: 0, n_gen: 0}\n", "nothing would be measured"),
         ("name: x\nmodel: a.gguf\nobjective: speed\n", "objective"),
     ],
