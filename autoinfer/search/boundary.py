@@ -7,7 +7,7 @@
    placement is grafted onto the incumbent's knobs instead (search/graft.py) when that is likelier to beat the
    incumbent than the best local move.
 1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials look for the
-   placement (GPU layers, expert layers in RAM, part of one more layer's FFN, splits) with the highest predicted
+   placement (GPU layers, expert layers in RAM, part of one more layer's FFN) with the highest predicted
    speed (performance model) whose predicted peak (memory model, calibrated on every measured peak) is within the
    budget, or, next to a placement measured to fit, over it by less than the model's typical error (until the
    model's own errors say how large that is, the spread of its predicted difference from the measured fit, at most a
@@ -18,18 +18,19 @@
    of one placement give, before any pair the difference's own size): measured where that says it fits, not probed
    where it is over by more than its spread. After two wrong predictions the next trial bisects the placements still
    unknown.
-2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, …)
-   are changed one at a time around the best trial so far, the placement re-fitted to the boundary for each
-   (a larger ubatch or KV cache needs room). Each move's chance to beat the incumbent comes from the performance
-   model's ratio for its placement times the knob effects learned from every trial so far (search/effects.py:
-   a mean and a standard deviation); a move is measured while that chance is above GATE (16%: one standard
-   deviation short, KAPPA), the likeliest first. A value never measured is expected to do what a typical value
-   of its knob does (of an ordered knob: like its measured neighbours, and along their trend), with the prior's
-   spread; a move already measured worse from an earlier incumbent is not measured again, nor one whose re-fitted
-   placement costs more than the knobs can win back. The GPU share one step below the incumbent's (the placement
-   predicted fastest after its own) is a move too, with a process's luck as its spread: where shares differ by less
-   than a process's luck, or by a cost their bytes do not show, the most weights on the GPU are not always the
-   fastest. An improvement moves the incumbent and the moves restart from it.
+2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, the splits
+   over several GPUs, …) are changed one at a time around the best trial so far, the placement re-fitted to the
+   boundary for each (a larger ubatch or KV cache needs room; a split moves weights between GPUs). The first trial
+   takes llama.cpp's defaults, and the splits that leave the most room on the fullest GPU. Each move's chance to beat
+   the incumbent comes from the performance model's ratio for its placement times the knob effects learned from every
+   trial so far (search/effects.py: a mean and a standard deviation); a move is measured while that chance is above
+   GATE (16%: one standard deviation short, KAPPA), the likeliest first. A value never measured is expected to do
+   what a typical value of its knob does (of an ordered knob: like its measured neighbours, and along their trend),
+   with the prior's spread; a move already measured worse from an earlier incumbent is not measured again, nor one
+   whose re-fitted placement costs more than the knobs can win back. The GPU share one step below the incumbent's
+   (the placement predicted fastest after its own) is a move too, with a process's luck as its spread: where shares
+   differ by less than a process's luck, or by a cost their bytes do not show, the most weights on the GPU are not
+   always the fastest. An improvement moves the incumbent and the moves restart from it.
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
@@ -76,11 +77,13 @@ from autoinfer.store import trials as store
 from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Store, record_of, write_trial
 
-GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts", "tensor_split", "expert_split")
+GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
-# load mode decides pinned buffers and so the prompt's copy speed; ubatch the prompt's batching).
-KNOB_ORDER = ("threads", "load_mode", "ubatch", "placement", "type_k", "type_v", "flash_attn", "batch", "repack",
-              "model")
+# splits decide which GPU holds which experts: 77-89 tok/s at the same bytes on two H200s,
+# benchmarks/results/multi-gpu-h200x2.md; the load mode decides pinned buffers and so the prompt's copy speed; ubatch
+# the prompt's batching).
+KNOB_ORDER = ("threads", "expert_split", "tensor_split", "load_mode", "ubatch", "placement", "type_k", "type_v",
+              "flash_attn", "batch", "repack", "model")
 PATTERN_PREFERENCE = ("last", "first", "even")  # llama.cpp's own fit leaves the last layers' experts in RAM
 MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 # A decode step is one token: these size the prompt's batches (and the compute buffers, hence the placement), not the
@@ -319,12 +322,18 @@ class Boundary:
         self._probe = self._probe_margin(trials)
         scored = [s for s in seen if s.score is not None]
         incumbent = max(scored, key=lambda s: s.score) if scored else None
-        base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._typical()
+        base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._start(self._typical())
         if self.share:
             at = self._boundary(base, seen)
             if at is not None and self._same({**at.params, **base}) not in tried:
                 return Choice({**at.params, **base}, at.reason)
-        if incumbent is None:  # nothing measured yet to compare with: the moves from the start, in order
+        if incumbent is None:  # nothing measured yet to compare with: the start, then the moves from it, in order
+            params, _ = self._at_boundary(base, seen)
+            if params is not None and self._same(params) not in tried:
+                splits = ", the GPU splits that leave the most room" if base.keys() & {"tensor_split", "expert_split"} \
+                    else ""
+                return Choice(params, "start: every knob at llama.cpp's default where the space has it, else at a "
+                                      f"middle value{splits}")
             for knob in self.knobs:
                 for value in self._moves(knob, base[knob]):
                     params, why = self._at_boundary({**base, knob: value}, seen)
@@ -433,9 +442,13 @@ class Boundary:
 
     def _at_boundary(self, knobs: dict[str, Any], seen: list[Seen]) -> tuple[dict[str, Any] | None, str]:
         """The knobs with their GPU share (None where no share is possible) and the boundary's reason. Knobs that
-        use no memory (threads, …) do not move the boundary: one answer per proposal serves all their values."""
+        use no memory (threads, …) do not move the boundary: one answer per proposal serves all their values.
+        Without a GPU share to re-fit (a fixed placement, the host), knobs predicted over the budget by more than the
+        memory model's measured typical error are no proposal: other knob values are."""
         if not self.share:
-            return dict(knobs), ""
+            pred, budget = self._predict(self._config(knobs)), self.ctx.budget_mib
+            over = pred is not None and budget is not None and pred > budget + (self._probe or 0.0)
+            return (None, "") if over else (dict(knobs), "")
         key = json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
         if key not in self._memo:
             self._memo[key] = self._boundary(knobs, seen)
@@ -471,6 +484,23 @@ class Boundary:
             observations.append(({k: s.params.get(k) for k in self.knobs}, math.log(s.evidence / predicted),
                                  s.log_var if s.log_var is not None else default))
         return KnobEffects({k: self.values[k] for k in self.knobs}).fit(observations)
+
+    def _start(self, typical: dict[str, Any]) -> dict[str, Any]:
+        """The typical knob values with the GPU splits whose fastest placement predicted to fit is fastest, the
+        lightest on its fullest GPU among equals: the split that leaves the most room for weights on the GPUs (the
+        splits are moves after that, since no model predicts their speed at equal bytes)."""
+        splits = [k for k in ("tensor_split", "expert_split") if k in self.knobs]
+        if not splits or not self.perf:
+            return typical
+        budget = self.ctx.budget_mib
+
+        def boundary(combo: dict[str, Any]) -> tuple[float, float]:
+            fits = [c for c in self._candidates({**typical, **combo}) if budget is None or c.mib <= budget]
+            best = max(fits, key=lambda c: (c.speed, -c.mib), default=None)
+            return (-math.inf, -math.inf) if best is None else (best.speed, -best.mib)
+
+        combos = [dict(zip(splits, v)) for v in itertools.product(*(self.values[k] for k in splits))]
+        return {**typical, **max(combos, key=boundary)}
 
     def _typical(self) -> dict[str, Any]:
         out = {}
@@ -661,7 +691,7 @@ class Boundary:
 
     def _candidates(self, knobs: dict[str, Any]) -> list[Candidate]:
         """Every distinct GPU share in the space with these knob values: expert placements with all layers on the
-        GPU, whole-layer placements without expert offload (the combination is dominated), each split. Once per
+        GPU, whole-layer placements without expert offload (the combination is dominated). Once per
         proposal: the boundary and the step down below the incumbent ask for the same knobs."""
         memo = json.dumps(knobs, sort_keys=True, default=str)
         if memo in self._shares:
@@ -669,12 +699,11 @@ class Boundary:
         ngls = self.values.get("n_gpu_layers", [None])
         top = max(ngls) if ngls != [None] else None
         experts = [n for n in ("n_cpu_moe", "cpu_expert_layers", "partial_experts") if n in self.share]
-        splits = [n for n in ("tensor_split", "expert_split") if n in self.share]
         out: dict[Any, Candidate] = {}
         for ngl in ngls:
             expert_values = [self.values[n] if ngl == top else [min(self.values[n])] for n in experts]
-            for combo in itertools.product(*expert_values, *(self.values[n] for n in splits)):
-                params = dict(zip(experts + splits, combo))
+            for combo in itertools.product(*expert_values):
+                params = dict(zip(experts, combo))
                 if ngl is not None:
                     params["n_gpu_layers"] = ngl
                 config = self._config({**knobs, **params})
@@ -690,7 +719,7 @@ class Boundary:
                 split_layer = partial_layer(config.get("placement"), on_cpu, config.n_gpu_layers, n_layers)
                 part = (split_layer, config.get("partial_experts")) if config.get("partial_experts") and \
                     split_layer is not None else None
-                key = (path, whole, frozenset(on_cpu), part, tuple(params.get(n) for n in splits))
+                key = (path, whole, frozenset(on_cpu), part)
                 if key in out:
                     continue
                 pred = self._predict(config)
