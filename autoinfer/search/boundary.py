@@ -599,8 +599,9 @@ class Boundary:
 
     def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
         """The candidate's peak carried over from the same GPU share measured with other knob values, with its
-        standard deviation: that peak plus the memory model's predicted difference between the two (the closest
-        such trial; None where the share was never measured). The model's error for one placement is mostly the
+        standard deviation: that peak plus the difference between the two knob values measured at other shares
+        (_measured_difference), or where none was, the memory model's predicted difference (the closest such trial;
+        None where the share was never measured). The model's error for one placement is mostly the
         placement's own and cancels in the difference, so a placement measured over in one group is not probed
         again in every other group, and one the model puts just over the budget is measured where its measured
         neighbours say it fits. The spread adds to the coefficients' uncertainty how far the predicted
@@ -624,10 +625,48 @@ class Boundary:
             diff = self.memory.difference(candidate.config, s.config)
             if diff is None:
                 continue
-            sd = math.hypot(diff[1], self._miss if self._miss is not None else diff[0])
+            mean, sd = self._measured_difference(candidate.config, knobs, s, seen, diff[0]) or \
+                (diff[0], math.hypot(diff[1], self._miss if self._miss is not None else diff[0]))
             if best is None or sd < best.sd:
-                best = Carried(s.peak_mib + diff[0], sd, s.number)
+                best = Carried(s.peak_mib + mean, sd, s.number)
         return best
+
+    def _measured_difference(self, config: TrialConfig, knobs: dict[str, Any], other: Seen, seen: list[Seen],
+                             predicted: float) -> tuple[float, float] | None:
+        """The peak difference between `knobs` and `other`'s knob values as measured at other GPU shares (pairs of
+        trials of one share with those two sets of values), moved to this share by the memory model's predicted
+        change of the difference between the shares (`predicted` is its difference at this share), with its
+        standard deviation: the size of that change and the spread of the pairs. None without such a pair. The KV
+        cache and compute buffers a knob sizes hardly depend on where the experts are, and a measured difference
+        knows what the model's form does not: on synthetic-781 at 8 GiB the model put flash attention with a q8_0
+        K cache 15 MiB below f16 without it where the pairs measured 64, and the share measured 55 MiB over the
+        budget with f16 was never tried with q8_0, which fitted with 9 MiB to spare
+        (benchmarks/results/search-efficiency.md)."""
+        def knob_values(s: Seen, values: dict[str, Any]) -> bool:
+            return all(s.params.get(k) == v for k, v in values.items() if k not in self.neutral)
+
+        theirs = {k: other.params.get(k) for k in knobs}
+        here = json.dumps({n: other.params.get(n) for n in self.share}, sort_keys=True, default=str)
+        shares: dict[str, tuple[list[Seen], list[Seen]]] = {}
+        for s in seen:
+            key = json.dumps({n: s.params.get(n) for n in self.share}, sort_keys=True, default=str)
+            if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == here:
+                continue
+            mine, others = shares.setdefault(key, ([], []))
+            if knob_values(s, knobs):
+                mine.append(s)
+            elif knob_values(s, theirs):
+                others.append(s)
+        estimates, changes = [], []
+        for mine, others in shares.values():
+            there = self.memory.difference(mine[0].config, others[0].config) if mine and others else None
+            if there is not None:
+                changes.append(predicted - there[0])
+                estimates.append(mine[0].peak_mib - others[0].peak_mib + changes[-1])
+        if not estimates:
+            return None
+        spread = statistics.stdev(estimates) if len(estimates) > 1 else 0.0
+        return statistics.fmean(estimates), math.hypot(statistics.fmean(abs(c) for c in changes), spread)
 
     def _probe_margin(self, trials: list[TrialRecord]) -> float | None:
         """How far over the budget a placement predicted next to one measured to fit is still measured, once the

@@ -23,7 +23,8 @@ from autoinfer.store import trials as store
 from autoinfer.store.records import TrialRecord
 from autoinfer.trial_config import TrialConfig
 
-NOT_GRAFTED = frozenset({"placement", "model"})  # moot under raw overrides; the overrides are of one model's tensors
+# moot under raw overrides, which carry llama-fit-params' own tensor split; the overrides are of one model's tensors
+NOT_GRAFTED = frozenset({"placement", "expert_split", "tensor_split", "model"})
 
 
 @dataclass(frozen=True)
