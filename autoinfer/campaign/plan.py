@@ -18,7 +18,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import Decision, Engine, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
-from autoinfer.model.placement import FOLLOW_LAYERS, split_shares
+from autoinfer.model.placement import FOLLOW_LAYERS, GPU_SPLITS, split_shares
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def split_choices(n_gpus: int) -> list[str]:
 def check_split_counts(campaign: Campaign, n_gpus: int) -> None:
     """A tensor or expert split names one share per GPU; a share for a GPU this worker does not see is an error
     now, not a failed load in every trial."""
-    for name in ("tensor_split", "expert_split"):
+    for name in GPU_SPLITS:
         spec = campaign.space.get(name)
         for value in spec if isinstance(spec, list) else [spec] if isinstance(spec, str) else []:
             if value != FOLLOW_LAYERS and len(split_shares(value)) != n_gpus:

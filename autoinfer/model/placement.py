@@ -36,6 +36,7 @@ GB = 1e9
 PATTERNS = ("first", "last", "even")
 PLACEMENT_KEYS = ("placement", "cpu_expert_layers", "partial_experts", "expert_split")  # become override_tensors
 FOLLOW_LAYERS = "layers"  # expert_split value: no per-GPU expert overrides
+GPU_SPLITS = ("tensor_split", "expert_split")  # how one model's layers and device experts are shared among GPUs
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp common.h LLM_FFN_EXPS_REGEX
 PARTIAL_TENSORS = {1: r"ffn_down.*", 2: r"ffn_(gate|gate_up|down).*"}  # llama-fit-params' patterns, byte for byte
 _DEVICE_BUFFER = re.compile(r"[A-Za-z]+(\d+)")  # CUDA1, Vulkan0, ROCm1: the device's index among the visible ones

@@ -66,7 +66,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import cpu_expert_layers, cpu_layers, partial_layer
+from autoinfer.model.placement import GPU_SPLITS, cpu_expert_layers, cpu_layers, partial_layer
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import RESIDUAL_SD, KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
@@ -330,8 +330,7 @@ class Boundary:
         if incumbent is None:  # nothing measured yet to compare with: the start, then the moves from it, in order
             params, _ = self._at_boundary(base, seen)
             if params is not None and self._same(params) not in tried:
-                splits = ", the GPU splits that leave the most room" if base.keys() & {"tensor_split", "expert_split"} \
-                    else ""
+                splits = ", the GPU splits that leave the most room" if base.keys() & set(GPU_SPLITS) else ""
                 return Choice(params, "start: every knob at llama.cpp's default where the space has it, else at a "
                                       f"middle value{splits}")
             for knob in self.knobs:
@@ -489,7 +488,7 @@ class Boundary:
         """The typical knob values with the GPU splits whose fastest placement predicted to fit is fastest, the
         lightest on its fullest GPU among equals: the split that leaves the most room for weights on the GPUs (the
         splits are moves after that, since no model predicts their speed at equal bytes)."""
-        splits = [k for k in ("tensor_split", "expert_split") if k in self.knobs]
+        splits = [k for k in GPU_SPLITS if k in self.knobs]
         if not splits or not self.perf:
             return typical
         budget = self.ctx.budget_mib
@@ -646,10 +645,10 @@ class Boundary:
             return all(s.params.get(k) == v for k, v in values.items() if k not in self.neutral)
 
         theirs = {k: other.params.get(k) for k in knobs}
-        here = json.dumps({n: other.params.get(n) for n in self.share}, sort_keys=True, default=str)
+        here = self._share_key(other.params)
         shares: dict[str, tuple[list[Seen], list[Seen]]] = {}
         for s in seen:
-            key = json.dumps({n: s.params.get(n) for n in self.share}, sort_keys=True, default=str)
+            key = self._share_key(s.params)
             if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == here:
                 continue
             mine, others = shares.setdefault(key, ([], []))
@@ -701,14 +700,17 @@ class Boundary:
         diff = self.memory.difference(candidate.config, nearest.config)
         return cap if diff is None else min(cap, KAPPA * diff[1])
 
+    def _share_key(self, params: dict[str, Any]) -> str:
+        """The GPU share's parameters of a trial, as a key."""
+        return json.dumps({n: params.get(n) for n in self.share}, sort_keys=True, default=str)
+
     def _difference_miss(self, seen: list[Seen]) -> float | None:
         """Root mean square of measured minus predicted peak differences over pairs of trials of one GPU share
         whose predictions differ; None without such a pair."""
         by_share: dict[str, list[Seen]] = {}
         for s in seen:
             if s.peak_mib is not None and s.config is not None:
-                share = json.dumps({n: s.params.get(n) for n in self.share}, sort_keys=True, default=str)
-                by_share.setdefault(f"{s.config.model}|{share}", []).append(s)
+                by_share.setdefault(f"{s.config.model}|{self._share_key(s.params)}", []).append(s)
         misses = []
         for group in by_share.values():
             for a, b in itertools.combinations(group, 2):

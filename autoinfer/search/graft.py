@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from autoinfer.model.placement import GPU_SPLITS
 from autoinfer.search.effects import KnobEffects
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.store import trials as store
@@ -24,7 +25,7 @@ from autoinfer.store.records import TrialRecord
 from autoinfer.trial_config import TrialConfig
 
 # moot under raw overrides, which carry llama-fit-params' own tensor split; the overrides are of one model's tensors
-NOT_GRAFTED = frozenset({"placement", "expert_split", "tensor_split", "model"})
+NOT_GRAFTED = frozenset({"placement", *GPU_SPLITS, "model"})
 
 
 @dataclass(frozen=True)

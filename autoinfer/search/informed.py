@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from autoinfer.engines.base import Measurement, TrialConfig
-from autoinfer.model.placement import PLACEMENT_KEYS, cpu_expert_layers, realize
+from autoinfer.model.placement import GPU_SPLITS, PLACEMENT_KEYS, cpu_expert_layers, realize
 from autoinfer.search.context import SearchContext, allowed, typical
 from autoinfer.search.fit_baseline import fit_label, fit_params_trial
 from autoinfer.search.memory_screen import MemoryScreen
@@ -97,7 +97,7 @@ class InformedStart:
             merged = {**self.ctx.campaign.fixed(), **params, "model": path}
             return realize(self.ctx.engine.as_run(TrialConfig.from_params(merged)), shape.n_layers)
 
-        splits = [n for n in ("tensor_split", "expert_split") if n in searched]
+        splits = [n for n in GPU_SPLITS if n in searched]
         variants = [dict(zip(splits, v)) for v in itertools.product(*(allowed(self.ctx.campaign, n) for n in splits))]
         for ngl in ngl_values:
             scored = []
