@@ -207,8 +207,11 @@ class SharedBudget:
 
     def room(self) -> bool:
         """Whether the budget has room for one more trial now. Call it serialized, with the queueing it decides: a
-        trial queued with room is the next one any worker asks for; one queued without it would be left waiting."""
-        return _used(Store(self.study).records()) < self.trials
+        trial queued with room is the next one any worker asks for; one queued without it would be left waiting.
+        A trial already queued (by another worker, say) takes its place as if it ran."""
+        trials = Store(self.study).records()
+        queued = sum(1 for t in trials if t.state == TrialState.WAITING and not t.is_remeasurement)
+        return _used(trials) + queued < self.trials
 
     def _reclaimed_trials(self) -> list[TrialRecord]:
         """The study's trials after failing and re-queueing those of dead workers."""

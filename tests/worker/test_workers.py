@@ -261,13 +261,15 @@ def test_wall_time_is_the_campaigns_not_each_workers():
 
 def test_the_shared_budget_has_room_only_while_its_counted_trials_leave_one(tmp_path):
     """A worker queues an exploration only with room (sweep/runner.py): queued into a full budget, it was left
-    waiting when every worker stopped."""
+    waiting when every worker stopped; a trial already queued takes a place."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'room.db'}", study_name="room")
     gate = worker.SharedBudget(study, 2, hardware.bind(study))
     dists = {"x": IntDistribution(0, 9)}
     assert gate.room()
     gate.ask(dists)
     assert gate.room()  # one running of two
+    Store(study).enqueue({"x": 3}, explore_after_repeats=3)
+    assert not gate.room()  # a queued trial takes the last place: two workers each queued one into it, one was left
     gate.ask(dists)
     assert not gate.room()  # two running fill it, wherever they run
     gate.__exit__()
