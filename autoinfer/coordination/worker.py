@@ -149,15 +149,9 @@ def reclaim_stale(study: optuna.Study, stale: list[TrialRecord] | None = None) -
     return requeued
 
 
-def counted(trial: TrialRecord) -> bool:
-    """A trial that uses up the budget: finished and counted by the store, or running somewhere now; a drift
-    re-measurement never does."""
-    return (trial.state == TrialState.RUNNING or trial.is_finished) and not trial.is_remeasurement
-
-
 def _used(trials: list[TrialRecord]) -> int:
-    """How many of the budget's trials these use up (counted)."""
-    return sum(1 for t in trials if counted(t))
+    """How many of the budget's trials these use up."""
+    return sum(1 for t in trials if t.uses_budget)
 
 
 def last_to_finish(study: optuna.Study, note: Callable[[str], None]) -> bool:

@@ -262,8 +262,7 @@ class Boundary:
         trials = Store(study).records()
         if any(t.state == TrialState.WAITING for t in trials):
             return
-        spent = sum((t.is_finished or t.state == TrialState.RUNNING) and not t.is_remeasurement for t in trials)
-        if spent >= self.campaign.budget.trials:
+        if sum(t.uses_budget for t in trials) >= self.campaign.budget.trials:
             return
         if self.fit_baseline:
             baseline = self._fit_baseline(study, trials)

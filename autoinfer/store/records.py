@@ -222,6 +222,12 @@ class TrialRecord:
         return self.state.is_finished() and not self.stale and not self.unmeasured
 
     @property
+    def uses_budget(self) -> bool:
+        """Uses up one of the campaign's trials: finished and counted (is_finished), or running somewhere now; a
+        drift re-measurement never does."""
+        return (self.state == TrialState.RUNNING or self.is_finished) and not self.is_remeasurement
+
+    @property
     def is_remeasurement(self) -> bool:
         """A configuration queued again because the drift anchor flagged its measurement: it is measured before the
         campaign ends and does not count against the trial budget."""
