@@ -3,7 +3,8 @@
 #   source benchmarks/gpu_host.sh STEP…      (sourced: the exported PYTHONPATH and AUTOINFER_* stay set)
 # STEP: deps     install the wheels in $WHEELS (pip --no-index) into $SITE and put it and the repository on PYTHONPATH
 #       source   unpack $LLAMA_SRC (a tarball of the pinned llama-cpp-python sdist's vendor/llama.cpp tree, as
-#                `autoinfer build` keeps it under the cache) into the cache, so no download is needed
+#                `autoinfer build` keeps it under the cache) into the cache, so no download is needed; trim it to
+#                the build's inputs (autoinfer.llama.build._SOURCE_DIRS), not further: tools/ui runs scripts/*.cmake
 #       build    `autoinfer build --cuda` (cached per commit and flags; smoke-run on this GPU)
 #       pack     the CUDA build folder as $PACK_OUT/llama-cuda.tar.xz.part-* (15 MiB parts)
 #       unpack   a build packed by `pack` ($PACK_IN/llama-cuda.tar.xz.part-*) into the cache

@@ -59,7 +59,8 @@ ISA_OPTIONS = {
 _AMX = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 #: CPU features a fallback build can leave out, with the options that carry them (AMX kernels need AVX-512 VNNI).
 FEATURES = {"amx": _AMX, "avx512": ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", *_AMX)}
-_SOURCE_DIRS = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "app", "vendor")
+#: what a tree without git is named by: every input of the build (tools/ui runs scripts/ui-assets.cmake).
+_SOURCE_DIRS = ("CMakeLists.txt", "cmake", "common", "ggml", "include", "src", "tools", "app", "vendor", "scripts")
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
 _CUDA_ARCH = re.compile(r"(\d+[a-z]?(-real|-virtual)?)(;\d+[a-z]?(-real|-virtual)?)*|native|all|all-major")
 

@@ -97,6 +97,9 @@ def test_source_identity_without_git_hashes_the_sources(tmp_path):
     (tmp_path / "src" / "a.cpp").write_text("int b;\n")
     second = source_identity(tmp_path)
     assert first[0].startswith("src-") and second[0].startswith("src-") and first != second
+    (tmp_path / "scripts").mkdir()  # the build runs scripts/ui-assets.cmake
+    (tmp_path / "scripts" / "ui-assets.cmake").write_text("message(a)\n")
+    assert source_identity(tmp_path) != second
 
 
 def test_build_of_the_same_source_is_not_repeated(llama_tools):
