@@ -3,6 +3,7 @@ for the output parsers, and the campaign keys that use quality (max_kld, objecti
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import optuna
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.cli import app
 from autoinfer.errors import UserError
+from autoinfer.llama.binaries import Tools
 from autoinfer.llama.quality import (
     DEFAULT_CORPUS,
     QualitySettings,
@@ -55,6 +57,34 @@ def test_parsers_read_llama_perplexity_output():
         parse_kld("====== Perplexity statistics ======\nMean PPL(Q) : 1.0 ± 0.1\nMean PPL(base) : 1.0 ± 0.1\n")
     with pytest.raises(ValueError, match="Final estimate"):
         parse_reference_ppl("[1]12.5,[2]13.1,")  # a run cut short before its summary
+
+
+def _losing_perplexity(folder: Path, found_on: int | None) -> Tools:
+    """A stand-in llama-perplexity that exits 0 without its summary, as llama.cpp's log thread lets the real one do
+    (about one run in three on the tiny model), until its `found_on`-th run (None: never)."""
+    runs = folder / "runs"
+    script = folder / "llama-perplexity"
+    script.write_text(f"""#!/bin/sh
+n=$(( $(cat "{runs}" 2>/dev/null || echo 0) + 1 )); echo $n > "{runs}"
+echo "[1]12.5,[2]13.1,"
+if [ $n -ge {found_on or 10**6} ]; then cat "{FIXTURES / "base_run.txt"}"; fi
+""")
+    script.chmod(0o755)
+    return Tools(bin_dir=folder, lib_dir=None, commit="stand-in", flags=(), cuda=False)
+
+
+@pytest.mark.parametrize("found_on", [7, None])
+def test_a_run_that_loses_its_summary_is_run_again(tmp_path, monkeypatch, f16_model, found_on):
+    monkeypatch.setenv("AUTOINFER_CACHE", str(tmp_path / "cache"))  # the stand-in's numbers stay out of the cache
+    model = Path(shutil.copy(f16_model, tmp_path / "model.gguf"))
+    tools = _losing_perplexity(tmp_path, found_on)
+    if found_on:
+        measured = measure_quality([model], SETTINGS, tools=tools)
+        assert measured[model.resolve()].ppl == 153365.3688
+        assert (tmp_path / "runs").read_text().strip() == str(found_on)
+    else:
+        with pytest.raises(UserError, match="llama-perplexity on model.gguf: .*Final estimate"):
+            measure_quality([model], SETTINGS, tools=tools)
 
 
 def test_type_names_are_checked():
