@@ -188,6 +188,7 @@ class Boundary:
         self._shares: dict[str, list[Candidate]] = {}  # the GPU shares per knob values (_candidates), one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
         self._probe: float | None = None  # the memory model's typical error once measured (MiB), one proposal long
+        self._commands: dict[str, str] = {}  # the command key per parameters (_same), the whole search long
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
@@ -776,8 +777,11 @@ class Boundary:
         """A key equal for parameters llama.cpp runs alike: the placement pattern is moot where no layer's experts,
         or every layer's, are in RAM (the same tensors on the same devices). Such a configuration is not measured
         again under another pattern's name (synthetic-298 at 16 GiB measured all three patterns with no expert in
-        RAM, benchmarks/results/search-efficiency.md)."""
-        return self.ctx.command_of(self._config(params))
+        RAM, benchmarks/results/search-efficiency.md). Remembered: every proposal asks it of every trial again."""
+        key = _key(params)
+        if key not in self._commands:
+            self._commands[key] = self.ctx.command_of(self._config(params))
+        return self._commands[key]
 
     def _predict(self, config: TrialConfig) -> float | None:
         pred = self.memory.predict(config)

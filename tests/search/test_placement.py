@@ -38,6 +38,15 @@ def test_override_round_trips_through_tensor_names(pattern, count):
     assert config.override_tensors == patterns and config.get("placement") is None
 
 
+def test_a_config_that_cannot_be_hashed_is_realized_too():
+    """realize remembers its answers by configuration; an engine knob with a list value is realized all the same."""
+    extra = (("placement", "last"), ("cpu_expert_layers", 3))
+    remembered = realize(TrialConfig(model=Path("m"), extra=extra), 40)
+    computed = realize(TrialConfig(model=Path("m"), extra=(*extra, ("cpu_list", [0, 1]))), 40)
+    assert computed.override_tensors == remembered.override_tensors == expert_override((37, 38, 39))
+    assert computed.get("cpu_list") == [0, 1] and computed.get("placement") is None
+
+
 def test_first_pattern_moves_the_same_bytes_as_ncmoe():
     shape = shape_35b()
     for n in (0, 5, 40):
