@@ -54,7 +54,7 @@ on 722; 768-791 judged it unseen at ced04ac, 781 was traced, and a peak carried 
 another share, developed there, was judged on 792-815 unseen and 744-767 (kept: the same trials on both);
 815, 776 and 801 were traced, and 816-839 judged unseen, 3 seeds, the search beside a prompt-only knob's
 unmeasured value first where it may buy a faster placement, developed on 776 (not kept); 840-863 judged the
-search unseen at da56060, 10 seeds, fresh noise, beside random search with 100 trials.
+search unseen at da56060, 10 seeds, fresh noise, beside random search with 100 trials; 863 was traced after.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
