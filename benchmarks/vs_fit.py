@@ -83,9 +83,11 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
     raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
 
 
-def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path, log) -> tuple[TrialConfig, dict]:
-    """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`. The drift anchor
-    is off and the confirmation is of two finalists (and the sweep's own llama-fit-params baseline) without
+def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path,
+               log) -> tuple[TrialConfig, dict, str]:
+    """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`, and the sweep's
+    whole output (the log keeps its last lines; the JSON record keeps all of it, alternatives included). The drift
+    anchor is off and the confirmation is of two finalists (and the sweep's own llama-fit-params baseline) without
     extra rounds: the interleaved comparison that follows is the check across processes, and the GPU time goes to
     it."""
     spec = yaml.safe_load(CAMPAIGN.read_text())
@@ -107,7 +109,7 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
     exported = subprocess.run([*cli, "export", "--study", study, "--format", "json"], env=env, text=True,
                               capture_output=True, check=True)
     answer = json.loads(exported.stdout)
-    return TrialConfig.from_params({**answer["config"], **MEASURE}), answer
+    return TrialConfig.from_params({**answer["config"], **MEASURE}), answer, sweep.stdout
 
 
 def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"== budget {budget:.0f} MiB")
         fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)
         log(f"  fit found in {time.monotonic() - started:.0f} s")
-        ours, answer = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log)
+        ours, answer, sweep_output = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log)
         log(f"  sweep done at {time.monotonic() - started:.0f} s\n  fit:  {describe(fit)}\n  ours: {describe(ours)}")
         runs = interleave(ours, fit, args.rounds)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         interleaved += [(config, tg) for side, config in (("fit", fit), ("ours", ours)) for tg in runs[side]["tg"]]
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
+                        "sweep_output": sweep_output.splitlines(),
                         "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
         observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved
