@@ -1,12 +1,13 @@
-"""autoinfer's recommendation against llama.cpp's own fit, at the same VRAM budget, on one GPU.
+"""autoinfer's recommendation against llama.cpp's own fit, at the same VRAM budget (per GPU where several are
+visible: one sweep sees them all, as a user's would).
 
     python benchmarks/vs_fit.py --model qwen35moe-35b-a3b-Q4_K.gguf --budgets 8192,12288,16384 --trials 12 \
         --rounds 5 --out benchmarks/results/vs-fit-h100.md
 
 Per budget:
-1. fit: llama-fit-params is asked to leave (free - budget) MiB free; its placement is run once and its measured peak
-   read; while the peak is over the budget the margin grows by the excess (a user of `--fit` would have to do the
-   same to stay inside the budget). Each try is printed.
+1. fit: llama-fit-params is asked to leave (free - budget) MiB free on each GPU; its placement (and tensor split) is
+   run once and the fullest GPU's measured peak read; while that is over the budget the margin grows by the excess
+   (a user of `--fit` would have to do the same to stay inside the budget). Each try is printed.
 2. ours: `autoinfer sweep` of the shipped 8 GiB campaign with the budget and trial count set, in a fresh results
    folder; its recommendation is read with `autoinfer export --format json`.
 3. Both configurations run interleaved, `--rounds` rounds, each run a fresh llama-bench process, alternating which
@@ -32,7 +33,6 @@ import dataclasses
 import functools
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -44,10 +44,7 @@ import yaml
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
-from autoinfer.engines.llama_common import parse_fit_params
-from autoinfer.llama.build import find_tools
-from autoinfer.measure.gpu import measured_gpus, memory_used_mib, visible_gpus
-from autoinfer.measure.process import run_isolated
+from autoinfer.measure.gpu import measured_gpus, visible_gpus
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
@@ -62,24 +59,30 @@ HOST_SPAN = 0.2
 
 
 def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
-    """llama-fit-params' placement, its margin raised until the measured peak is within `budget`."""
-    gpu = visible_gpus()[0]
-    margin = int(gpu.memory_total_mib - (memory_used_mib(gpu.index) or 0.0) - budget)
+    """llama-fit-params' placement (and, on several GPUs, its tensor split) for `budget` MiB per GPU, asked again for
+    less by the overshoot plus 64 MiB while the measured peak of the fullest GPU is over the budget (as the sweep's own
+    baseline does, search/fit_baseline.py)."""
     engine = base.create("llama-bench")
-    history = []
+    history: list[dict] = []
+    asked = budget
     for _ in range(tries):
-        argv = [str(find_tools().tool("llama-fit-params")), "-m", str(model), "-fitt", str(margin),
-                "-c", str(MEASURE["n_prompt"] + MEASURE["n_gen"]), "-fitc", str(MEASURE["n_prompt"] + MEASURE["n_gen"])]
-        ngl, patterns, _ = parse_fit_params(run_isolated(argv, timeout_s=300).stdout)
-        config = TrialConfig(model=model, n_gpu_layers=ngl, override_tensors=patterns, **MEASURE)
+        answer = engine.baseline(model, asked, MEASURE["n_prompt"] + MEASURE["n_gen"], 2048, 512)
+        if isinstance(answer, str):
+            raise SystemExit(answer)
+        split = {"tensor_split": answer.tensor_split} if answer.tensor_split else {}
+        config = TrialConfig.from_params({"model": model, "n_gpu_layers": answer.n_gpu_layers,
+                                          "override_tensors": answer.override_tensors, **split, **MEASURE})
         m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
-        history.append({"margin_mib": margin, "argv": shlex.join(argv), "n_gpu_layers": ngl,
-                        "overrides": len(patterns), "peak_mib": m.vram_peak_mib, "tg": m.tg, "outcome": m.outcome.value})
-        log(f"  fit try: -fitt {margin} → -ngl {ngl}, {len(patterns)} override(s): peak {m.vram_peak_mib} MiB, "
-            f"tg {m.tg} ({m.outcome.value})")
+        history.append({"asked_mib": asked, "argv": answer.how, "n_gpu_layers": answer.n_gpu_layers,
+                        "overrides": len(answer.override_tensors), "tensor_split": answer.tensor_split,
+                        "peak_mib": m.vram_peak_mib, "peak_per_gpu_mib": list(m.vram_per_gpu_mib), "tg": m.tg,
+                        "outcome": m.outcome.value})
+        log(f"  fit try: asked for {asked:.0f} MiB per GPU → -ngl {answer.n_gpu_layers}, "
+            f"{len(answer.override_tensors)} override(s)" + (f", -ts {answer.tensor_split}" if split else "")
+            + f": peak {m.vram_peak_mib} MiB {list(m.vram_per_gpu_mib) or ''}, tg {m.tg} ({m.outcome.value})")
         if m.vram_peak_mib is not None and m.vram_peak_mib <= budget:
             return config, history
-        margin += int((m.vram_peak_mib or budget) - budget) + 64
+        asked -= (m.vram_peak_mib or budget) - budget + 64
     raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
 
 
@@ -115,7 +118,7 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
 def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[str, list[float]]]:
     """`rounds` fresh-process runs of each, alternating order; one tg/pp score per run and its peak VRAM."""
     engine = base.create("llama-bench")
-    out = {side: {"tg": [], "pp": [], "peak": []} for side in ("ours", "fit")}
+    out = {side: {"tg": [], "pp": [], "peak": [], "peak_per_gpu": []} for side in ("ours", "fit")}
     for r in range(rounds):
         for side, config in ([("ours", a), ("fit", b)] if r % 2 == 0 else [("fit", b), ("ours", a)]):
             m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
@@ -123,7 +126,8 @@ def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[st
                 raise SystemExit(f"round {r}: {side} failed: {m.reason}")
             out[side]["tg"].append(float(np.median(m.tg_samples)))
             out[side]["pp"].append(float(np.median(m.pp_samples)))
-            out[side]["peak"].append(m.vram_peak_mib)
+            out[side]["peak"].append(m.vram_peak_mib)  # the fullest GPU's
+            out[side]["peak_per_gpu"].append(list(m.vram_per_gpu_mib))
     return out
 
 

@@ -1,6 +1,7 @@
 """A campaign made ready to run, once: the budgets for this run, the multi-GPU knobs this worker's GPUs add, the
-engine created and its knobs checked against the space, Optuna's distributions, the models resolved to files and
-the settings the engine imposes. The loop and the search read it; nothing is validated twice.
+thread counts of this machine's cores where the campaign asks for them, the engine created and its knobs checked
+against the space, Optuna's distributions, the models resolved to files and the settings the engine imposes. The
+loop and the search read it; nothing is validated twice.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from autoinfer.engines import base
 from autoinfer.engines.base import Decision, Engine, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
+from autoinfer.measure.host import usable_physical_cores
 from autoinfer.model.placement import FOLLOW_LAYERS, GPU_SPLITS, split_shares
+
+HOST = "host"  # space.threads: HOST searches this machine's own core counts (host_threads)
+THREAD_SHARES = (0.5, 0.75, 1.0)
 
 
 @dataclass(frozen=True)
 class CampaignPlan:
-    campaign: Campaign  # with this run's budgets and the multi-GPU knobs applied
+    campaign: Campaign  # with this run's budgets, the multi-GPU knobs and this host's thread counts applied
     engine: Engine
     distributions: dict[str, BaseDistribution]
     models: dict[str, str]  # campaign model entry → the file (or label) the engine runs
@@ -36,7 +41,7 @@ def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None 
     space against the engine's knobs, every range, the memory budget against this machine, then the engine itself
     (which may build llama.cpp) and the models."""
     budget = campaign.budget.model_copy(update={k: v for k, v in (("trials", trials), ("wall_s", wall_s)) if v})
-    campaign = multi_gpu_space(campaign.model_copy(update={"budget": budget}))
+    campaign, threads = host_threads(multi_gpu_space(campaign.model_copy(update={"budget": budget})))
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.knobs)
     dists = distributions(campaign)
@@ -44,10 +49,29 @@ def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None 
         check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
-    notes = tuple(n for n in [batches_run_smaller(engine, campaign)] if n)
+    notes = tuple(n for n in [threads, batches_run_smaller(engine, campaign)] if n)
     for note in notes:
         Console(stderr=True).print(f"decision: {note}", markup=False, soft_wrap=True)
     return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions, notes)
+
+
+def host_threads(campaign: Campaign, cores: int | None = None) -> tuple[Campaign, str | None]:
+    """`space.threads: host` as half, three quarters and all of this machine's usable physical cores (`cores`), and
+    the decision in words; the campaign unchanged, and None, for any other threads value. A list written for one
+    machine is wrong on the next: the shipped campaign's 8, 12, 16 left a 32-core two-H200 host's answer at 16
+    threads, which ran its decode 1.12 [1.06, 1.18] times slower than 24 (benchmarks/results/vs-fit-h200x2.md). The
+    study stores the values, so a resumed sweep or another worker of its hardware class searches the same ones."""
+    if campaign.space.get("threads") != HOST:
+        return campaign, None
+    if not base.capabilities(campaign.engine).host_measurement:
+        raise UserError(f"space.threads: {HOST!r} means this machine's cores, but engine {campaign.engine!r} measures "
+                        "nothing here; list the thread counts its table holds")
+    cores = usable_physical_cores() if cores is None else cores
+    values = sorted({max(1, round(cores * share)) for share in THREAD_SHARES})
+    note = (f"threads: {HOST} as {', '.join(map(str, values))}: half, three quarters and all of the {cores} physical "
+            "core(s) this process may use")
+    return campaign.model_copy(update={"space": {**campaign.space,
+                                                 "threads": values if len(values) > 1 else values[0]}}), note
 
 
 def batches_run_smaller(engine: Engine, campaign: Campaign) -> str | None:

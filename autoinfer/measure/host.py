@@ -52,6 +52,14 @@ def host_info() -> HostInfo:
     )
 
 
+def usable_physical_cores() -> int:
+    """Physical cores this process may run on: the usable logical CPUs (affinity, container limits) less their
+    hyper-threads, at the machine's ratio of physical to logical cores."""
+    logical = psutil.cpu_count(logical=True) or 1
+    physical = psutil.cpu_count(logical=False) or logical
+    return max(1, round(len(os.sched_getaffinity(0)) * physical / logical))
+
+
 def ram_limit_mib() -> float:
     """Memory this process tree may use: physical RAM, or a smaller cgroup (container) limit."""
     limit = psutil.virtual_memory().total

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
+from autoinfer.campaign.plan import host_threads
 from autoinfer.campaign.space import distributions, to_config
 from autoinfer.campaign.spec import check_space, load_campaign, parse_campaign
 from autoinfer.engines.knobs import TRIAL_KNOBS
 from autoinfer.errors import UserError
+from autoinfer.measure import host
 
 REPO = Path(__file__).resolve().parents[2]
 SUPPORTED = TRIAL_KNOBS
@@ -24,9 +26,36 @@ def write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("name", ["cpu-smoke.yaml", "qwen35moe-8gb.yaml"])
 def test_shipped_campaigns_validate(name):
-    campaign = load_campaign(REPO / "experiments" / name)
+    campaign, _ = host_threads(load_campaign(REPO / "experiments" / name), cores=16)
     check_space(campaign, SUPPORTED)
     assert campaign.searched()
+
+
+@pytest.mark.parametrize(("cores", "values"), [(16, [8, 12, 16]), (32, [16, 24, 32]), (2, [1, 2]), (6, [3, 4, 6]),
+                                               (1, 1)])
+def test_host_threads_are_shares_of_this_machines_cores(cores, values):
+    campaign, note = host_threads(parse_campaign({"name": "x", "model": "a.gguf", "space": {"threads": "host"}}),
+                                  cores=cores)
+    assert campaign.space["threads"] == values
+    assert note.startswith(f"threads: host as {', '.join(map(str, values if cores > 1 else [values]))}: ")
+    assert f"of the {cores} physical core(s)" in note
+    listed = parse_campaign({"name": "x", "model": "a.gguf", "space": {"threads": [8, 12, 16]}})
+    assert host_threads(listed, cores=cores) == (listed, None)
+
+
+def test_host_threads_need_an_engine_that_measures_here():
+    table = parse_campaign({"name": "x", "engine": "replay", "engine_options": {"table": "t.csv"}, "model": "t",
+                            "space": {"threads": "host"}})
+    with pytest.raises(UserError, match="space.threads: 'host' means this machine's cores, but engine 'replay'"):
+        host_threads(table, cores=8)
+
+
+def test_usable_physical_cores_count_the_allowed_cpus_without_hyperthreads(monkeypatch):
+    monkeypatch.setattr(host.psutil, "cpu_count", lambda logical=True: 64 if logical else 32)
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(16)))  # a container of 16 CPUs
+    assert host.usable_physical_cores() == 8
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0})
+    assert host.usable_physical_cores() == 1
 
 
 def test_distributions_and_config_merge():

@@ -17,6 +17,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autoinfer.campaign.plan import host_threads
+from autoinfer.campaign.spec import load_campaign, stored_campaign
+from autoinfer.measure.host import usable_physical_cores
 from autoinfer.model.synth import QWEN35_VOCAB
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
@@ -108,6 +111,26 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
     assert bench[bench.index("-m") + 1] == str(spaced)
     run = subprocess.run([*bench, "-r", "1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and '"avg_ts"' in run.stdout  # the exported bench line runs as it is
+
+
+def test_threads_host_searches_this_machines_core_counts(tmp_path, tiny_model, env):
+    """`threads: host` runs as shares of the cores this process may use (campaign.plan.host_threads): the decision is
+    printed and kept in the study's notes, the study stores the values, and every trial ran one of them."""
+    path = campaign(tmp_path, [tiny_model], trials=3)
+    path.write_text(path.read_text().replace("threads: 1", "threads: host"))
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected, note = host_threads(load_campaign(path), cores=usable_physical_cores())
+    assert f"decision: {note}" in " ".join(done.stderr.split())
+    study = study_of(tmp_path)
+    values = expected.space["threads"]
+    assert stored_campaign(study).space["threads"] == values
+    allowed = values if isinstance(values, list) else [values]
+    assert all(t.user_attrs["config"]["threads"] in allowed for t in study.trials)
+    commands = [t.user_attrs["engine_cmd"] for t in study.trials if "engine_cmd" in t.user_attrs]
+    assert commands and all(int(argv[argv.index("-t") + 1]) in allowed for argv in commands)
+    status = cli("status", "--study", "e2e", cwd=tmp_path, env={**env, "COLUMNS": "400"})
+    assert note in " ".join(status.stdout.replace("│", " ").split())
 
 
 def test_batches_above_the_prompt_are_one_configuration_measured_once(tmp_path, tiny_model, env):
