@@ -59,7 +59,7 @@ def host_threads(campaign: Campaign, cores: int | None = None) -> tuple[Campaign
     """`space.threads: host` as half, three quarters and all of this machine's usable physical cores (`cores`), and
     the decision in words; the campaign unchanged, and None, for any other threads value. A list written for one
     machine is wrong on the next: the shipped campaign's 8, 12, 16 left a 32-core two-H200 host's answer at 16
-    threads, which ran its decode 1.12 [1.06, 1.18] times slower than 24 (benchmarks/results/vs-fit-h200x2.md). The
+    threads, where 24 ran its decode 1.12 [1.06, 1.18] times as fast (benchmarks/results/vs-fit-h200x2.md). The
     study stores the values, so a resumed sweep or another worker of its hardware class searches the same ones."""
     if campaign.space.get("threads") != HOST:
         return campaign, None
