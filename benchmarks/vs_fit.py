@@ -44,11 +44,13 @@ import yaml
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
+from autoinfer.engines.knobs import llama_defaults
 from autoinfer.measure.gpu import measured_gpus, visible_gpus
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
 from autoinfer.model.shape import shape_from_gguf
+from autoinfer.search.fit_baseline import FIT_SLACK_MIB
 from autoinfer.store.trials import Store, load_study
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
@@ -60,13 +62,15 @@ HOST_SPAN = 0.2
 
 def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
     """llama-fit-params' placement (and, on several GPUs, its tensor split) for `budget` MiB per GPU, asked again for
-    less by the overshoot plus 64 MiB while the measured peak of the fullest GPU is over the budget (as the sweep's own
-    baseline does, search/fit_baseline.py)."""
+    less by the overshoot plus FIT_SLACK_MIB while the measured peak of the fullest GPU is over the budget (as the
+    sweep's own baseline does, search/fit_baseline.py)."""
     engine = base.create("llama-bench")
+    defaults = llama_defaults()  # the batch sizes `--fit` runs with when a user sets none
     history: list[dict] = []
     asked = budget
     for _ in range(tries):
-        answer = engine.baseline(model, asked, MEASURE["n_prompt"] + MEASURE["n_gen"], 2048, 512)
+        answer = engine.baseline(model, asked, MEASURE["n_prompt"] + MEASURE["n_gen"], defaults["batch"],
+                                 defaults["ubatch"])
         if isinstance(answer, str):
             raise SystemExit(answer)
         split = {"tensor_split": answer.tensor_split} if answer.tensor_split else {}
@@ -82,7 +86,7 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
             + f": peak {m.vram_peak_mib} MiB {list(m.vram_per_gpu_mib) or ''}, tg {m.tg} ({m.outcome.value})")
         if m.vram_peak_mib is not None and m.vram_peak_mib <= budget:
             return config, history
-        asked -= (m.vram_peak_mib or budget) - budget + 64
+        asked -= (m.vram_peak_mib or budget) - budget + FIT_SLACK_MIB
     raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
 
 
