@@ -90,7 +90,7 @@ from rich.console import Console
 from rich.table import Table
 from synthetic_tables import synthetic_table
 
-from autoinfer.engines.replay import noise_free_path, parameter_columns, read_table
+from autoinfer.engines.replay import configurations, noise_free_path, parameter_columns, read_table
 from autoinfer.errors import UserError
 from autoinfer.search.boundary import GPU_SHARE
 from autoinfer.search.effects import numeric
@@ -266,12 +266,13 @@ def case_row(table: Path, budget: float | None, args: argparse.Namespace, goal: 
 
 
 def haystack(goal: Goals) -> tuple[int, int, float | None]:
-    """(feasible rows within 98% of the best, feasible rows, the oracle's trials): how many needles the haystack
-    holds, and how soon a search that knew every row's noise-free value and peak would draw one (None without
-    noise-free values)."""
+    """(feasible configurations within 98% of the best, feasible configurations, the oracle's trials): how many
+    needles the haystack holds, and how soon a search that knew every row's noise-free value and peak would draw one
+    (None without noise-free values). A configuration is a row, or the rows of its processes."""
     hit = goal.target >= TARGET * goal.best
     oracle = None if goal.reference is None else oracle_trials(goal.reference, hit)
-    return int(hit.sum()), int(goal.target.notna().sum()), oracle
+    config = configurations(goal.df)
+    return int(config[hit].nunique()), int(config[goal.target.notna()].nunique()), oracle
 
 
 def traps(goal: Goals, neighbours: bool = False) -> int | None:

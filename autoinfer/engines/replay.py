@@ -9,7 +9,10 @@ that failed (oom, crash, …). A `<table>.shape.json` beside it (written by benc
 model so the memory model can be used on the table without the GGUF.
 
 A row is one process's measurement, so replaying its samples again replays its luck: a configuration measured
-twice (the search's `again`, a confirmation) agrees with itself where a fresh process would not. A generated table
+twice (the search's `again`, a confirmation) agrees with itself where a fresh process would not. A table measured
+in several processes per configuration (benchmarks/make_table.py --processes) says which in a `process` column:
+each run then replays one of its configuration's processes, drawn at random, as a new process would measure it,
+and the configuration is worth the median of its processes (sweep/replay_cli.py, truth). A generated table
 knows more: its `<table>.noise-free.csv` (benchmarks/synthetic_tables.py) holds each row's tg and pp before noise and
 the noise's standard deviations (log scale) per process and per repetition. With engine option `fresh_noise`, each
 run draws its samples from those, around the row's noise-free value, as a new process would measure them; where the
@@ -35,7 +38,7 @@ from autoinfer.model.shape import ModelShape
 
 #: Columns of a table that are measurements, never parameters (also for `autoinfer import`).
 RESULT_COLUMNS = ("tg", "pp", "vram_mib", "rss_mib", "tg_samples", "pp_samples", "tg_sd", "pp_sd", "outcome", "reason",
-                  "wall_s")
+                  "wall_s", "process")
 
 
 def shape_path(table: Path) -> Path:
@@ -82,6 +85,15 @@ def read_table(path: Path) -> pd.DataFrame:
             raise UserError(f"replay table {path}: column {column!r} holds an infinite value; give finite numbers")
         if column in df and (df[column].dropna() < 0).any():
             raise UserError(f"replay table {path}: column {column!r} holds a negative value; rates and MiB are >= 0")
+    if "process" in df:
+        process = pd.to_numeric(df["process"], errors="coerce")
+        if process.isna().any() or (process < 0).any() or not (process == process.round()).all():
+            raise UserError(f"replay table {path}: column 'process' holds a value that is not a whole number >= 0; "
+                            "number each configuration's processes 0, 1, …")
+        twice = df.duplicated([*parameter_columns(df), "process"])
+        if twice.any():
+            raise UserError(f"replay table {path}: row {int(twice.idxmax())} repeats another row's configuration and "
+                            "process number; give each process of a configuration its own number")
     if "outcome" in df:
         known = {o.value for o in Outcome}
         bad = [v for v in df["outcome"].dropna() if str(v) not in known]
@@ -114,6 +126,12 @@ PER_GPU_COLUMN = re.compile(r"vram_gpu(\d+)_mib")
 
 def parameter_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in RESULT_COLUMNS and not PER_GPU_COLUMN.fullmatch(c)]
+
+
+def configurations(df: pd.DataFrame) -> pd.Series:
+    """Each row's configuration as a number: rows of one configuration (its processes, in a table with a `process`
+    column) share it."""
+    return df.groupby(parameter_columns(df), dropna=False, sort=False).ngroup()
 
 
 def _per_gpu(row: pd.Series) -> tuple[float, ...]:
@@ -160,6 +178,12 @@ class ReplayEngine(Engine):
         self._spans = np.array([spans[c] for c in self._numeric])
         self._num_values = self.df[self._numeric].to_numpy(dtype=float)
         self._cat_values = self.df[self._categorical].astype(str).to_numpy()
+        #: per row, the rows of its configuration's processes (a table with a `process` column); empty without one
+        self._process_of: dict[int, list[int]] = {}
+        if "process" in self.df:
+            config = configurations(self.df).to_numpy()
+            members = {c: np.flatnonzero(config == c).tolist() for c in set(config.tolist())}
+            self._process_of = {i: members[c] for i, c in enumerate(config.tolist())}
 
     def preferred_values(self, device_budget: bool) -> dict[str, Any]:
         """The table holds llama.cpp measurements: what llama.cpp prefers."""
@@ -196,6 +220,8 @@ class ReplayEngine(Engine):
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         started = time.monotonic()
         index, distance = self.row_for(config)
+        if self._process_of:  # a new process: one of the configuration's measured processes
+            index = int(self.rng.choice(self._process_of[index]))
         if distance > 0 and self.match == "exact":
             return Measurement(Outcome.REJECTED, reason="no exact row for this configuration in the replay table",
                                wall_s=time.monotonic() - started)

@@ -102,11 +102,20 @@ def _space(df: pd.DataFrame, params: list[str]) -> dict:
 
 def truth(df: pd.DataFrame, objective: str, budget_mib: float | None, values: pd.DataFrame | None = None) -> pd.Series:
     """The table's objective per row (NaN where infeasible or failed); from `values` (tg/pp per row, e.g. a
-    generator's noise-free ones) instead of the table's own columns when given."""
+    generator's noise-free ones) instead of the table's own columns when given. In a table of several processes per
+    configuration (a `process` column) every row is worth its configuration's median over its successful processes,
+    and its peak is their median: the best configuration, not the luckiest process, sets the target."""
+    from autoinfer.engines.replay import configurations
+
     values = df if values is None else values
     score = values[objective] if objective in ("tg", "pp") else (values["tg"] * values["pp"]) ** 0.5
     ok = df["outcome"].fillna("ok").eq("ok") if "outcome" in df else pd.Series(True, index=df.index)
     mem = df["vram_mib"] if "vram_mib" in df else df.get("rss_mib")
+    if "process" in df:
+        config = configurations(df)
+        score = score.where(ok).groupby(config).transform("median")
+        ok = score.notna()
+        mem = None if mem is None else mem.groupby(config).transform("median")
     if budget_mib is not None and mem is not None:
         ok &= mem <= budget_mib
     return score.where(ok)

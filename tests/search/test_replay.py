@@ -230,3 +230,50 @@ def test_a_row_standing_in_for_a_configuration_the_table_lacks_is_not_counted_ov
     pd.DataFrame(rows).to_csv(table, index=False)
     (result,), _ = replay_cli.compare(table, ["random"], seeds=3, budget_mib=1500, trials=6)
     assert result.over == (1,) * 3
+
+
+def _processes_table(tmp_path: Path) -> Path:
+    """Two configurations in three processes each: threads 1 steady at 100 tok/s, threads 2 at 130 in two
+    processes and 60 in the third (a process slow as a whole); their peaks 500 and 510-530 MiB."""
+    table = tmp_path / "processes.csv"
+    rows = [{"threads": 1, "process": k, "tg": 100.0, "pp": 50.0, "rss_mib": 500.0} for k in range(3)]
+    rows += [{"threads": 2, "process": k, "tg": tg, "pp": 80.0, "rss_mib": 500.0 + 10 * (k + 1)}
+             for k, tg in enumerate((130.0, 60.0, 130.0))]
+    pd.DataFrame(rows).to_csv(table, index=False)
+    return table
+
+
+def test_a_configuration_measured_in_several_processes_replays_one_of_them_per_run(tmp_path):
+    """A run replays one of its configuration's processes, drawn at random: every process comes back, none of another
+    configuration, and `process` is a result, not a parameter."""
+    table = _processes_table(tmp_path)
+    engine = base.create("replay", table=str(table), seed=4)
+    assert set(engine.knobs) == {"threads"}
+    ctx = RunContext(timeout_s=1, artifacts=tmp_path)
+    rows = [engine.run(TrialConfig(model=Path("m"), threads=2, repetitions=1), ctx).metrics["replay_row"]
+            for _ in range(60)]
+    assert set(rows) == {3, 4, 5}
+    slow = sum(r == 4 for r in rows)
+    assert 8 < slow < 32  # a third of the draws, give or take
+    assert {engine.run(TrialConfig(model=Path("m"), threads=1), ctx).metrics["replay_row"] for _ in range(30)} == {0, 1, 2}
+
+
+def test_a_configuration_of_several_processes_is_worth_their_median(tmp_path):
+    """The target is the best configuration by the median of its processes (130 for threads 2), not the luckiest
+    process; its peak is their median (520 MiB), so a budget of 515 MiB leaves it out though one process fitted."""
+    from autoinfer.sweep.replay_cli import goals
+
+    table = _processes_table(tmp_path)
+    scored = goals(table, "tg", None)
+    assert scored.best == 130.0 and list(scored.target) == [100.0] * 3 + [130.0] * 3
+    tight = goals(table, "tg", 515.0)
+    assert tight.best == 100.0 and tight.target.iloc[3:].isna().all()
+
+
+@pytest.mark.parametrize("process, needle", [(["0", "x", "0", "1"], "not a whole number"),
+                                             ([0, 0, 0, 1], "repeats another row's configuration and process")])
+def test_a_bad_process_column_is_refused_in_one_line(tmp_path, process, needle):
+    table = tmp_path / "bad-processes.csv"
+    pd.DataFrame({"threads": [1, 1, 2, 2], "process": process, "tg": 1.0}).to_csv(table, index=False)
+    with pytest.raises(UserError, match=needle):
+        base.create("replay", table=str(table))
