@@ -155,6 +155,17 @@ class Carried:
 
 
 @dataclass(frozen=True)
+class Reach:
+    """A knob move's faster GPU share that may fit (Boundary._reach)."""
+
+    params: dict[str, Any]
+    chance: float  # to fit, times to beat the incumbent if it does
+    gain: float  # predicted log gain over the incumbent, if it fits
+    sd: float
+    why: str
+
+
+@dataclass(frozen=True)
 class Choice:
     params: dict[str, Any]
     reason: str
@@ -380,7 +391,11 @@ class Boundary:
                 chance = _chance(gain, sd)
                 if chance > GATE:  # chances within a percent are a tie: the knob order decides
                     later = knob in self.deferred and self._placed(params, incumbent) <= 0.0
-                    moves.append((later, -round(chance, 2), rank, knob, value, params, gain, sd, why))
+                    moves.append((later, -round(chance, 2), rank, knob, value, params, gain, sd, why, chance))
+                reach = self._reach({**base, knob: value}, params, incumbent, seen, tried, effects)
+                if reach is not None and reach.chance > GATE:
+                    moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
+                                  reach.sd, reach.why, reach.chance))
         down = self._step_down(incumbent, base, tried)
         if down is not None:
             params, what = down
@@ -388,14 +403,53 @@ class Boundary:
             sd = math.hypot(sd, RESIDUAL_SD)
             chance = _chance(gain, sd)
             if chance > GATE:
-                moves.append((False, -round(chance, 2), len(self.knobs), "", what, params, gain, sd, ""))
+                moves.append((False, -round(chance, 2), len(self.knobs), "", what, params, gain, sd, "", chance))
         if not moves:
             return None
-        later, _, _, knob, value, params, gain, sd, why = min(moves, key=lambda m: m[:3])
+        later, _, _, knob, value, params, gain, sd, why, chance = min(moves, key=lambda m: m[:3])
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
         move = f"{knob} {base[knob]} → {value}" if knob else f"one GPU share down, {value},"
         return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
-                              f"{sd:.2f} ({_chance(gain, sd):.0%} to beat it){after}{why}", chance=_chance(gain, sd))
+                              f"{sd:.2f} ({chance:.0%} to beat it){after}{why}", chance=chance)
+
+    def _reach(self, knobs: dict[str, Any], at: dict[str, Any] | None, incumbent: Seen, seen: list[Seen],
+               tried: set[str], effects: KnobEffects) -> Reach | None:
+        """The likeliest GPU share faster than both the one the boundary gives these knob values (`at`) and the
+        incumbent's, where that share was measured with other knob values and its peak, carried over to these, may
+        fit; None where there is none. Its chance to beat the incumbent is the chance that the carried peak fits
+        times the chance to beat it if it does. The boundary measures a share only where its prediction, or its
+        carried peak, fits, so a smaller ubatch whose freed memory the model underrates re-fits to the share below
+        and, as a prompt-only knob, moves last: on synthetic-908 at 8 GiB the fastest share measured 833 MiB over
+        with ubatch 512, ubatch 128 freed 926 at the share below as the 10th trial, and the faster share with it
+        came 11th; as this move, 9th (benchmarks/results/search-efficiency.md)."""
+        budget = self.ctx.budget_mib
+        if not self.share or budget is None or not self.memory.models or at is None:
+            return None
+        here = self._config(at)
+        path = str(here.model)
+        if path not in self.perf:
+            return None
+        speed = self.perf[path].score(here, self.weights)
+        _, fit_at, _, over_at = self._bounds(knobs, seen)
+        best = None
+        for c in self._prefer_experts(self._candidates(knobs)):
+            if c.speed <= speed or not fit_at < c.mib < over_at:
+                continue
+            carried = self._carried(c, knobs, seen)
+            if carried is None or carried.mib <= budget:
+                continue  # never measured with other knobs, or the boundary's own (it fits as carried)
+            params = {**c.params, **knobs}
+            if self._placed(params, incumbent) <= 0.0 or self._same(params) in tried:
+                continue  # no faster than the incumbent's own share: nothing for the risk to buy
+            fits = _chance(budget - carried.mib, carried.sd)
+            gain, sd = self._gain(params, incumbent, effects)
+            chance = fits * _chance(gain, sd)
+            if best is None or chance > best.chance:
+                best = Reach(params, chance, gain, sd, f" (reach: a faster share, predicted {c.mib:.0f} MiB, its "
+                                                       f"peak carried over from trial {carried.trial}: "
+                                                       f"{carried.mib:.0f} ± {carried.sd:.0f} of {budget:.0f}, "
+                                                       f"{fits:.0%} to fit)")
+        return best
 
     def _step_down(self, incumbent: Seen, base: dict[str, Any], tried: set[str]) -> tuple[dict[str, Any], str] | None:
         """The incumbent's knobs with the next GPU share below its own (the placement predicted fastest after
@@ -546,12 +600,7 @@ class Boundary:
         if budget is None or not self.memory.models:
             best = max(candidates, key=lambda c: (c.speed, -c.mib))
             return Choice(best.params, "boundary: no memory budget, the most weights on the GPU")
-        group = [s for s in seen if s.fits is not None and s.config is not None
-                 and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
-        measured = [(self._predict(s.config), s) for s in group]
-        fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
-                              default=(-math.inf, None))
-        over_at = min((m for m, s in measured if not s.fits), default=math.inf)
+        group, fit_at, nearest, over_at = self._bounds(knobs, seen)
         known = [c for c in candidates if c.mib <= fit_at]
         unknown, carried_fits, margins = [], {}, {}
         for c in candidates:
@@ -595,6 +644,19 @@ class Boundary:
                                        f"({margins[id(best)]:.0f} MiB)")
         return Choice(best.params, f"boundary: fastest placement predicted to fit ({best.mib:.0f} of "
                                    f"{budget:.0f} MiB)")
+
+    def _bounds(self, knobs: dict[str, Any], seen: list[Seen]) -> tuple[list[Seen], float, Seen | None, float]:
+        """The trials measured with these knob values (memory-neutral ones aside) whose fit is known; the largest
+        prediction among those that fitted, that trial; the smallest prediction among those over the budget. A
+        placement predicted to use no more than one that fitted fits; one predicted to use no less than one over
+        does not."""
+        group = [s for s in seen if s.fits is not None and s.config is not None
+                 and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
+        measured = [(self._predict(s.config), s) for s in group]
+        fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
+                              default=(-math.inf, None))
+        over_at = min((m for m, s in measured if not s.fits), default=math.inf)
+        return group, fit_at, nearest, over_at
 
     def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
         """The candidate's peak carried over from the same GPU share measured with other knob values, with its

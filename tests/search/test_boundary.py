@@ -282,3 +282,25 @@ def test_a_peak_is_carried_over_by_the_difference_measured_at_another_share(tmp_
     carried = [t for t in measured if "carried over to fit" in str(t.search_reason)]
     assert carried, [t.search_reason for t in measured]
     assert all(t.params["cpu_expert_layers"] == 32 and t.vram_peak_mib <= 8192 for t in carried)
+
+
+def test_a_smaller_ubatch_reaches_the_faster_share_its_carried_peak_may_fit(tmp_path, monkeypatch):
+    """Synthetic table 908 at 8 GiB, whose compute buffers are 2x the memory model's: the first trial, experts of 12
+    layers in RAM with ubatch 512, measured 9025 MiB (833 over) and the boundary fell to 14 layers. ubatch 128 frees
+    926 MiB there, where the model says 624, so the boundary for ubatch 128 stays at 14 and, as a prompt-only knob,
+    it moved after every other knob: ubatch 128 at 14 layers as the 10th trial, then 12 layers with it as the 11th.
+    Its peak carried over from the first trial may fit (24%) and 12 layers are ×1.09 faster, so that share is a move
+    of its own, ranked by the two chances together: 12 layers with ubatch 128 fit and are measured without the trial
+    at 14 layers before them, by the 9th trial."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    study = _replay(synthetic_table(tmp_path, 908), 8192.0, trials=10)
+    measured = _measured(study)
+    reasons = [t.search_reason for t in measured]
+    reached = [t for t in measured if "(reach: a faster share" in str(t.search_reason)]
+    assert reached and reached[0].number <= 8, reasons
+    first = reached[0]
+    assert first.params["cpu_expert_layers"] == 12 and first.params["ubatch"] == 128 and first.vram_peak_mib <= 8192
+    assert not any(t.params["ubatch"] == 128 for t in measured if t.number < first.number), reasons
+    assert measured[0].params["cpu_expert_layers"] == 12 and measured[0].vram_peak_mib > 8192
