@@ -181,9 +181,9 @@ class ReplayEngine(Engine):
         #: per row, the rows of its configuration's processes (a table with a `process` column); empty without one
         self._process_of: dict[int, list[int]] = {}
         if "process" in self.df:
-            config = configurations(self.df).to_numpy()
-            members = {c: np.flatnonzero(config == c).tolist() for c in set(config.tolist())}
-            self._process_of = {i: members[c] for i, c in enumerate(config.tolist())}
+            config = configurations(self.df)
+            members = {c: rows.tolist() for c, rows in config.groupby(config).indices.items()}
+            self._process_of = {i: members[c] for i, c in enumerate(config)}
 
     def preferred_values(self, device_budget: bool) -> dict[str, Any]:
         """The table holds llama.cpp measurements: what llama.cpp prefers."""
