@@ -30,7 +30,9 @@
    whose re-fitted placement costs more than the knobs can win back. The GPU share one step below the incumbent's
    (the placement predicted fastest after its own) is a move too, with a process's luck as its spread: where shares
    differ by less than a process's luck, or by a cost their bytes do not show, the most weights on the GPU are not
-   always the fastest. An improvement moves the incumbent and the moves restart from it.
+   always the fastest. An improvement moves the incumbent and the moves restart from it. Where the incumbent sits
+   below the boundary (a step down beat it), each knob move is also measured at the incumbent's own share where that
+   share is known to fit with it (the knobs it changes use no memory, or are predicted to use no more).
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
@@ -385,13 +387,21 @@ class Boundary:
         for rank, knob in enumerate(self.knobs):
             for value in self._moves(knob, base[knob]):
                 params, why = self._at_boundary({**base, knob: value}, seen)
+                own = self._at_share({**base, knob: value}, incumbent)
+                if own is not None and (params is None or self._share_key(own) != self._share_key(params)):
+                    places = [(params, why), (own, " (at the incumbent's own GPU share, which fits with it)")]
+                else:
+                    places = [(params, why)]
+                for at, at_why in places:
+                    if at is None or self._same(at) in tried:
+                        continue
+                    gain, sd = self._gain(at, incumbent, effects)
+                    chance = _chance(gain, sd)
+                    if chance > GATE:  # chances within a percent are a tie: the knob order decides
+                        later = knob in self.deferred and self._placed(at, incumbent) <= 0.0
+                        moves.append((later, -round(chance, 2), rank, knob, value, at, gain, sd, at_why, chance))
                 if params is None or self._same(params) in tried:
                     continue
-                gain, sd = self._gain(params, incumbent, effects)
-                chance = _chance(gain, sd)
-                if chance > GATE:  # chances within a percent are a tie: the knob order decides
-                    later = knob in self.deferred and self._placed(params, incumbent) <= 0.0
-                    moves.append((later, -round(chance, 2), rank, knob, value, params, gain, sd, why, chance))
                 reach = self._reach({**base, knob: value}, params, incumbent, seen, tried, effects)
                 if reach is not None and reach.chance > GATE:
                     moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
@@ -411,6 +421,22 @@ class Boundary:
         move = f"{knob} {base[knob]} → {value}" if knob else f"one GPU share down, {value},"
         return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
                               f"{sd:.2f} ({chance:.0%} to beat it){after}{why}", chance=chance)
+
+    def _at_share(self, knobs: dict[str, Any], incumbent: Seen) -> dict[str, Any] | None:
+        """The knobs at the incumbent's own GPU share, where that share is known to fit with them: the knobs changed
+        use no memory, or the memory model predicts them to need no more than the incumbent's (a placement using no
+        more than one measured to fit fits). None otherwise. A move re-fitted to the boundary goes back to the
+        boundary's share, which may be the one the incumbent beat one step below it: on h100-35b-partial.csv at
+        8 GiB the boundary with 12 threads had measured slower than with 16, 27 layers' experts in RAM (one share
+        below) beat both with 16 threads, and 12 threads there, the best row, was left to TPE."""
+        if not self.share or incumbent.config is None or not incumbent.fits:
+            return None
+        params = {**{n: incumbent.params[n] for n in self.share if n in incumbent.params}, **knobs}
+        changed = {k for k, v in knobs.items() if incumbent.params.get(k) != v}
+        if changed <= self.neutral:
+            return params
+        diff = self.memory.difference(self._config(params), incumbent.config)
+        return params if diff is not None and diff[0] <= 0.0 else None
 
     def _reach(self, knobs: dict[str, Any], at: dict[str, Any] | None, incumbent: Seen, seen: list[Seen],
                tried: set[str], effects: KnobEffects) -> Reach | None:

@@ -140,3 +140,34 @@ def test_the_share_below_the_boundary_is_measured_where_the_boundary_runs_slower
     assert (best.params["cpu_expert_layers"], best.params["partial_experts"]) == (18, 0), shown
     first = next(t for t in trials if t.params == best.params)
     assert "one GPU share down" in first.search_reason, shown
+
+
+def test_a_knob_move_from_an_incumbent_below_the_boundary_is_measured_at_its_own_share(tmp_path):
+    """A move re-fitted to the boundary goes back to the share the incumbent beat. On h100-35b-partial.csv at 8 GiB
+    the boundary with 12 threads measured slower than with 16, the share below beat both with 16 threads, and 12
+    threads there (the best row) came from TPE, 8.5 trials at the median. Planted: the boundary (16 layers plus one
+    more layer's gate and down) 15% slower than its bytes say, 8 threads 3% faster than 16 everywhere but in the
+    boundary's one process, which ran 5% slow: the search measures 8 threads at 18 whole layers' share, the best
+    row, as a local move."""
+    planted = planted_table(tmp_path, partial=True, split_cost=0.15, exact_memory=True)
+    df = pd.read_csv(planted)
+    layer = (df.n_gpu_layers == 41) & (df.placement == "last") & (df.cpu_expert_layers == 16) & (df.ubatch == 512)
+    peaks = df[layer].set_index("partial_experts").vram_mib
+    boundary = layer & (df.partial_experts == 2)
+    eight = df.copy()
+    factor = pd.Series(1.03, index=df.index).where(~boundary, 0.95)
+    eight["tg"] = df.tg * factor
+    eight["tg_samples"] = [" ".join(f"{float(v) * f:.3f}" for v in s.split()) for s, f in zip(df.tg_samples, factor)]
+    pd.concat([df.assign(threads=16), eight.assign(threads=8)]).to_csv(planted, index=False)
+    spec = {"name": "own-share", "engine": "replay", "engine_options": {"table": str(planted)}, "model": str(planted),
+            "space": {"n_gpu_layers": 41, "placement": "last", "partial_experts": [0, 1, 2], "ubatch": 512,
+                      "cpu_expert_layers": {"low": 0, "high": N_LAYERS, "step": 2}, "threads": [8, 16]},
+            "constraints": {"vram_mib": (peaks[1] + peaks[2]) / 2}, "budget": {"trials": 7}, "objective": "tg",
+            "search": {"informed": True, "strategy": "boundary"}, **OFFLINE}
+    trials = Store(sweep(parse_campaign(spec), storage=MEMORY_STORAGE, progress=False).study).records()
+    shown = [(t.number, t.params, t.value, t.search_reason) for t in trials]
+    measured = {(t.params["cpu_expert_layers"], t.params["partial_experts"], t.params["threads"]): t for t in trials
+                if t.is_feasible_ok}
+    assert (16, 2, 8) in measured and (18, 0, 16) in measured, shown  # the boundary's threads move, the step down
+    best = measured.get((18, 0, 8))
+    assert best is not None and "at the incumbent's own GPU share" in best.search_reason, shown
