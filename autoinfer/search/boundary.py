@@ -384,10 +384,12 @@ class Boundary:
                effects: KnobEffects) -> Choice | None:
         """The single move from the incumbent most likely to beat it, among those that may (module docstring)."""
         moves = []
+        at_own, _ = self._at_boundary(base, seen)
+        below = at_own is not None and self._share_key(at_own) != self._share_key(incumbent.params)
         for rank, knob in enumerate(self.knobs):
             for value in self._moves(knob, base[knob]):
                 params, why = self._at_boundary({**base, knob: value}, seen)
-                own = self._at_share({**base, knob: value}, incumbent)
+                own = self._at_share({**base, knob: value}, incumbent) if below else None
                 if own is not None and (params is None or self._share_key(own) != self._share_key(params)):
                     places = [(params, why), (own, " (at the incumbent's own GPU share, which fits with it)")]
                 else:
@@ -425,7 +427,8 @@ class Boundary:
     def _at_share(self, knobs: dict[str, Any], incumbent: Seen) -> dict[str, Any] | None:
         """The knobs at the incumbent's own GPU share, where that share is known to fit with them: the knobs changed
         use no memory, or the memory model predicts them to need no more than the incumbent's (a placement using no
-        more than one measured to fit fits). None otherwise. A move re-fitted to the boundary goes back to the
+        more than one measured to fit fits). None otherwise. Asked where the incumbent sits below the boundary of its
+        own knob values (a step down beat it). A move re-fitted to the boundary goes back to the
         boundary's share, which may be the one the incumbent beat one step below it: on h100-35b-partial.csv at
         8 GiB the boundary with 12 threads had measured slower than with 16, 27 layers' experts in RAM (one share
         below) beat both with 16 threads, and 12 threads there, the best row, was left to TPE."""
