@@ -10,7 +10,7 @@
 #       partial (a fifth: part of one more layer's FFN in RAM (partial_experts 0/1/2) x threads at 18 placements
 #       around the 8, 12 and 16 GiB boundaries, 108 rows, ~13 minutes),
 #       partialprocs (partial's placements around the boundaries again at 16 threads, in 3 processes per configuration
-#       (make_table.py --processes), 135 rows, ~13 minutes: no lucky process sets the target),
+#       (make_table.py --processes), 135 rows, ~15 minutes on an H200: no lucky process sets the target),
 #       wholelayers (a sixth: whole layers in RAM (n_gpu_layers 20/28/36/99) x expert layers in RAM (0-40 in steps of
 #       8, the last layers'), 24 rows, ~4 minutes: the memory model's predictions for the combination, and whether it
 #       is dominated),
