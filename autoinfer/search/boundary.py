@@ -198,6 +198,7 @@ class Boundary:
         self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
         self.grafts = self.fit_baseline  # its placement with the search's knobs (search/graft.py)
         self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
+        self._bounded: dict[str, tuple] = {}  # _bounds per memory-relevant knob values, one proposal long
         self._shares: dict[str, list[Candidate]] = {}  # the GPU shares per knob values (_candidates), one proposal long
         self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
         self._probe: float | None = None  # the memory model's typical error once measured (MiB), one proposal long
@@ -330,7 +331,7 @@ class Boundary:
                                             if t.state in pending and t.fit_override_tensors is None]
         tried = {self._same(p) for p in asked}
         self._calibrate(seen)
-        self._memo, self._shares = {}, {}
+        self._memo, self._shares, self._bounded = {}, {}, {}
         self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
         self._probe = self._probe_margin(trials)
         scored = [s for s in seen if s.score is not None]
@@ -531,7 +532,7 @@ class Boundary:
             pred, budget = self._predict(self._config(knobs)), self.ctx.budget_mib
             over = pred is not None and budget is not None and pred > budget + (self._probe or 0.0)
             return (None, "") if over else (dict(knobs), "")
-        key = json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
+        key = self._memory_key(knobs)
         if key not in self._memo:
             self._memo[key] = self._boundary(knobs, seen)
         at = self._memo[key]
@@ -678,14 +679,21 @@ class Boundary:
         """The trials measured with these knob values (memory-neutral ones aside) whose fit is known; the largest
         prediction among those that fitted, that trial; the smallest prediction among those over the budget. A
         placement predicted to use no more than one that fitted fits; one predicted to use no less than one over
-        does not."""
-        group = [s for s in seen if s.fits is not None and s.config is not None
-                 and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
-        measured = [(self._predict(s.config), s) for s in group]
-        fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
-                              default=(-math.inf, None))
-        over_at = min((m for m, s in measured if not s.fits), default=math.inf)
-        return group, fit_at, nearest, over_at
+        does not. Once per proposal: the boundary and every move's reach ask for the same knob values."""
+        key = self._memory_key(knobs)
+        if key not in self._bounded:
+            group = [s for s in seen if s.fits is not None and s.config is not None
+                     and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
+            measured = [(self._predict(s.config), s) for s in group]
+            fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
+                                  default=(-math.inf, None))
+            over_at = min((m for m, s in measured if not s.fits), default=math.inf)
+            self._bounded[key] = (group, fit_at, nearest, over_at)
+        return self._bounded[key]
+
+    def _memory_key(self, knobs: dict[str, Any]) -> str:
+        """The knob values that can move a peak (memory-neutral ones aside), as a key."""
+        return json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
 
     def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
         """The candidate's peak carried over from the same GPU share measured with other knob values, with its
