@@ -338,7 +338,7 @@ class Boundary:
         incumbent = max(scored, key=lambda s: s.score) if scored else None
         base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._start(self._typical())
         if self.share:
-            at = self._boundary(base, seen)
+            at = self._boundary_of(base, seen)
             if at is not None and self._same({**at.params, **base}) not in tried:
                 return Choice({**at.params, **base}, at.reason)
         if incumbent is None:  # nothing measured yet to compare with: the start, then the moves from it, in order
@@ -532,11 +532,16 @@ class Boundary:
             pred, budget = self._predict(self._config(knobs)), self.ctx.budget_mib
             over = pred is not None and budget is not None and pred > budget + (self._probe or 0.0)
             return (None, "") if over else (dict(knobs), "")
+        at = self._boundary_of(knobs, seen)
+        return (None, "") if at is None else ({**at.params, **knobs}, f" ({at.reason})")
+
+    def _boundary_of(self, knobs: dict[str, Any], seen: list[Seen]) -> Choice | None:
+        """_boundary once per proposal and memory-relevant knob values: the first values asked answer for all their
+        memory-neutral twins."""
         key = self._memory_key(knobs)
         if key not in self._memo:
             self._memo[key] = self._boundary(knobs, seen)
-        at = self._memo[key]
-        return (None, "") if at is None else ({**at.params, **knobs}, f" ({at.reason})")
+        return self._memo[key]
 
     def _gain(self, params: dict[str, Any], incumbent: Seen, effects: KnobEffects) -> tuple[float, float]:
         """Predicted log(score / incumbent's score) and its standard deviation: the performance model's ratio
