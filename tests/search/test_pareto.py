@@ -105,3 +105,16 @@ def test_a_tg_objective_names_the_configuration_that_runs_the_prompt_far_faster(
     assert pareto.prompt_alternative(_knob_study(tmp_path, "tg", 400.0), rec.trial) is None  # 1.3x: not worth a line
     balanced = _knob_study(tmp_path, {"tg": 1, "pp": 1}, 2400.0)  # the objective weighs the prompt itself
     assert pareto.prompt_alternative(balanced, recommend(balanced).trial) is None
+
+
+def test_a_prompt_alternative_faster_by_the_searchs_medians_says_faster_and_a_flagged_one_is_left_out(tmp_path):
+    """The recommendation is the confirmation's; the alternative's line compares the search's medians, which can put
+    it above the recommendation (a configuration the confirmation did not take among its finalists): the line says
+    "faster", not "-4% slower". A drift-flagged trial is no alternative, as it is no finalist."""
+    study = _knob_study(tmp_path, "tg", 2400.0)
+    rec = recommend(study)
+    line = pareto.PromptAlternative(3, 96.4, 1637.0, 92.5, 607.0).line()
+    assert "tg 96.4 against 92.5 (4% faster), pp 1637 against 607 (2.7x)" in line
+    alt = pareto.prompt_alternative(study, rec.trial)
+    study.set_user_attr("drift_flagged", [alt.trial])  # as a study stores it
+    assert pareto.prompt_alternative(study, rec.trial) is None
