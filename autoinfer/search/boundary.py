@@ -32,12 +32,14 @@
    differ by less than a process's luck, or by a cost their bytes do not show, the most weights on the GPU are not
    always the fastest. An improvement moves the incumbent and the moves restart from it. Where the incumbent sits
    below the boundary (a step down beat it), each knob move is also measured at the incumbent's own share where that
-   share is known to fit with it (the knobs it changes use no memory, or are predicted to use no more).
+   share is known to fit with it (the knobs it changes use no memory, or are predicted to use no more), and the
+   share one step above the incumbent's, below the boundary's, is a move too.
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
-   whole-layer placement is faster. The sampler's proposals too (step 7): one with more whole layers in RAM than the
-   best trial is recorded as predicted_slower, not measured, while the model gives it less than GATE to beat it.
+   whole-layer placement is faster. Step 7's too: a configuration with more whole layers in RAM than the best trial
+   is not explored, and a sampler's proposal of one is recorded as predicted_slower, not measured, while the model
+   gives it less than GATE to beat it.
 4. Model. Then the combination of knob values at the boundary most likely to beat the incumbent, while that
    chance is above GATE (knobs that help alone help together; where they do not, measuring says so and the
    model learns it).
@@ -46,8 +48,11 @@
    of all its trials.
 6. Grid. Then the other combinations of the knobs at the boundary, the likeliest to beat the incumbent first,
    where the space has at most GRID_MAX of them.
-7. When every combination at the boundary has been measured the campaign's sampler (TPE) takes over. A
-   configuration already measured is answered from its measurement, not run again (sweep/repeats.py).
+7. Explore. When every combination at the boundary has been measured, configurations are drawn from the whole
+   space, and of those not asked for and predicted within the budget the one whose random draw from its predicted
+   gain over the incumbent is largest is measured (Thompson sampling: the models' doubt, not TPE's, decides what is
+   tried off the boundary). When no draw is left the campaign's sampler (TPE) takes over. A configuration already
+   measured is answered from its measurement, not run again (sweep/repeats.py).
 What the search has tried is keyed by the command llama.cpp runs: a placement pattern is moot where no layer's
 experts, or every layer's, are in RAM, and such a twin is neither a move nor a new peak.
 """
@@ -57,6 +62,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +108,8 @@ KAPPA = 1.0  # standard deviations of the model's prediction a candidate may fal
 GATE = 0.5 * math.erfc(KAPPA / math.sqrt(2))  # the same as a chance to beat the incumbent (16%)
 DEFAULT_LOG_SD = 0.03  # spread of one trial's log median where it has too few samples to say (run-to-run noise)
 LONG_AXIS = 6  # an ordered knob with more values than this moves a quarter of its range first
-GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before leaving it to TPE
+GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before exploring
+EXPLORE_DRAWS = 256  # configurations drawn from the space per exploring proposal (step 7)
 
 
 def allowed_values(dist: BaseDistribution) -> list[Any]:
@@ -213,7 +220,7 @@ class Boundary:
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
         sampled = record_of(trial).search_reason is None
         if sampled:
-            write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (every local move was measured)")
+            write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (no local move or exploration draw was left)")
         skipped = self.memory.screen(trial, config)
         if skipped is None and sampled:
             skipped = self._whole_layers_lose(dict(trial.params), config, Store(trial.study).records())
@@ -229,13 +236,13 @@ class Boundary:
         perf = self.perf.get(str(config.model))
         if not self.share or perf is None or self.ctx.side != "device":
             return None
-        whole = cpu_layers(config.n_gpu_layers, perf.shape.n_layers)
+        whole = self._whole(config)
         seen = self._seen(trials)
         scored = [s for s in seen if s.score is not None and s.config is not None]
         if not whole or not scored:
             return None
         best = max(scored, key=lambda s: s.score)
-        fewer = cpu_layers(best.config.n_gpu_layers, perf.shape.n_layers)
+        fewer = self._whole(best.config)
         if fewer >= whole:
             return None
         gain, sd = self._gain(params, best, self._effects(seen))
@@ -379,7 +386,55 @@ class Boundary:
             return Choice(params, f"grid: the next combination at the boundary from trial {incumbent.number}, the "
                                   f"most likely to beat it ({_chance(gain, sd):.0%}), predicted ×{math.exp(gain):.2f} "
                                   f"± {sd:.2f}{why}")
-        return None
+        return self._explore(incumbent, effects, tried, len(trials))
+
+    def _explore(self, incumbent: Seen, effects: KnobEffects, tried: set[str], asked: int) -> Choice | None:
+        """Step 7: of EXPLORE_DRAWS configurations drawn at random from the space, those no trial asked for, that
+        the engine runs and the memory model predicts within the budget, the one whose draw from its predicted gain
+        over the incumbent (the models' mean, their spread with a process's luck) is largest: Thompson sampling, so
+        the configurations the models give a chance come first, and each is still measured at a rate its doubt
+        sets. More whole layers in RAM than the incumbent keep step 3's gate. None where nothing is left (TPE then
+        proposes) or for a Pareto objective, which has no single incumbent to beat. TPE, which knows neither model,
+        measured placements far below the boundary after the local moves: on h200-35b-partial-processes.csv,
+        where the best rows keep a share below the boundary, it took 17.5 and 18.5 trials at 12 and 16 GiB at the
+        median, 10.5 and 9.5 with this step (benchmarks/results/search-efficiency.md)."""
+        if self.campaign.objective == "pareto" or incumbent.config is None:
+            return None
+        rng = random.Random(f"{self.campaign.sampler.seed}-{asked}")
+        budget = self.ctx.budget_mib
+        whole = self._whole(incumbent.config)
+        drawn: set[str] = set()
+        best = None
+        for _ in range(EXPLORE_DRAWS):
+            params = {name: rng.choice(values) for name, values in self.values.items()}
+            key = self._same(params)
+            if key in tried or key in drawn:
+                continue
+            drawn.add(key)
+            config = self._config(params)
+            pred = self._predict(config)
+            if (pred is not None and budget is not None and pred > budget) or self.ctx.engine.refusal(config):
+                continue
+            gain, sd = self._gain(params, incumbent, effects)
+            sd = math.hypot(sd, RESIDUAL_SD)
+            if self._whole(config) > whole and _chance(gain, sd) <= GATE:
+                continue
+            draw = rng.gauss(gain, sd)
+            if best is None or draw > best[0]:
+                best = (draw, params, gain, sd)
+        if best is None:
+            return None
+        _, params, gain, sd = best
+        chance = _chance(gain, sd)
+        return Choice(params, f"explore: every combination at the boundary was measured; of {len(drawn)} "
+                              "configurations drawn from the space that no trial asked for, the one whose draw from "
+                              f"its predicted gain over trial {incumbent.number} was largest, predicted "
+                              f"×{math.exp(gain):.2f} ± {sd:.2f} ({chance:.0%} to beat it)", chance=chance)
+
+    def _whole(self, config: TrialConfig) -> int:
+        """Repeating layers a configuration keeps whole in RAM (0 for a model without a performance model)."""
+        perf = self.perf.get(str(config.model))
+        return 0 if perf is None else cpu_layers(config.n_gpu_layers, perf.shape.n_layers)
 
     def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: set[str],
                effects: KnobEffects) -> Choice | None:
@@ -409,19 +464,22 @@ class Boundary:
                 if reach is not None and reach.chance > GATE:
                     moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
                                   reach.sd, reach.why, reach.chance))
-        down = self._step_down(incumbent, base, tried)
-        if down is not None:
-            params, what = down
+        for direction, step in (("down", self._step_down(incumbent, base, tried)),
+                                ("up", self._step_up(incumbent, base, seen, tried) if below else None)):
+            if step is None:
+                continue
+            params, what = step
             gain, sd = self._gain(params, incumbent, effects)
             sd = math.hypot(sd, RESIDUAL_SD)
             chance = _chance(gain, sd)
             if chance > GATE:
-                moves.append((False, -round(chance, 2), len(self.knobs), "", what, params, gain, sd, "", chance))
+                moves.append((False, -round(chance, 2), len(self.knobs), direction, what, params, gain, sd, "",
+                              chance))
         if not moves:
             return None
         later, _, _, knob, value, params, gain, sd, why, chance = min(moves, key=lambda m: m[:3])
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
-        move = f"{knob} {base[knob]} → {value}" if knob else f"one GPU share down, {value},"
+        move = f"one GPU share {knob}, {value}," if knob in ("down", "up") else f"{knob} {base[knob]} → {value}"
         return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
                               f"{sd:.2f} ({chance:.0%} to beat it){after}{why}", chance=chance)
 
@@ -499,6 +557,36 @@ class Boundary:
         if not below:
             return None
         step = max(below, key=lambda c: (c.speed, -c.mib))
+        params = {**step.params, **base}
+        if self._same(params) in tried:
+            return None
+        what = ", ".join(f"{k} {incumbent.params.get(k)} → {v}" for k, v in step.params.items()
+                         if incumbent.params.get(k) != v)
+        return params, what
+
+    def _step_up(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen],
+                 tried: set[str]) -> tuple[dict[str, Any], str] | None:
+        """Where the incumbent sits below the boundary of its knob values (a step down beat it), its knobs with the
+        next GPU share above its own and below the boundary's (predicted faster than its own, within the budget and
+        under every share measured over), and the share's change in words; None where there is none or it was
+        measured. A knob move from such an incumbent re-fits to the boundary or stays at the incumbent's share,
+        and the shares between are left to chance: on the planted table of tests/search/test_partial_layer.py the
+        boundary with 8 threads measured slower than the share below it, that share with 8 threads beat the
+        incumbent, and the share between them with 8 threads, the best row, was no move."""
+        at = self._boundary_of(base, seen)
+        budget = self.ctx.budget_mib
+        path = str(incumbent.config.model) if incumbent.config is not None else ""
+        if at is None or path not in self.perf:
+            return None
+        perf = self.perf[path]
+        own = perf.score(incumbent.config, self.weights)
+        top = perf.score(self._config({**at.params, **base}), self.weights)
+        _, _, _, over_at = self._bounds(base, seen)
+        between = [c for c in self._prefer_experts(self._candidates(base)) if own < c.speed < top
+                   and c.mib < over_at and (budget is None or c.mib <= budget)]
+        if not between:
+            return None
+        step = min(between, key=lambda c: (c.speed, c.mib))
         params = {**step.params, **base}
         if self._same(params) in tried:
             return None

@@ -92,6 +92,24 @@ def test_the_samplers_whole_layer_offloads_are_left_out_where_expert_placement_w
     assert max(df.tg.iloc[t.metrics["replay_row"]] for t in measured if t.outcome == "ok") == best
 
 
+@pytest.mark.parametrize("budget", [12288.0, 16384.0])
+def test_after_the_local_moves_it_explores_the_configurations_the_models_give_a_chance_first(budget):
+    """On the H200 table of three processes per configuration the best rows keep a share just below the boundary,
+    and a process's luck hides which. Once the local moves were measured, TPE, which knows neither model, measured
+    placements far below (20-30 layers' experts in RAM, a third slower); the exploration draws from the space and
+    measures first what the models give a chance: the shares next to the boundary, predicted within the budget."""
+    table = TABLES / "h200-35b-partial-processes.csv"
+    df = pd.read_csv(table)
+    study = _replay(table, budget, trials=12)
+    measured = _measured(study)
+    shown = [(t.number, t.params, t.search_reason) for t in measured]
+    explored = [t for t in measured if str(t.search_reason).startswith("explore:")]
+    assert explored and not any(str(t.search_reason).startswith("sampler:") for t in measured), shown
+    nearest = df[df.vram_mib <= budget].cpu_expert_layers.min()  # the fewest layers' experts in RAM that fit
+    assert all(t.params["cpu_expert_layers"] <= nearest + 3 for t in explored), shown
+    assert all(t.predicted_mib <= budget for t in explored), shown
+
+
 def test_a_row_standing_in_for_a_placement_the_table_lacks_does_not_widen_the_memory_model():
     """Once the local moves are measured, TPE proposes whole-layer offload with expert placement, which the first
     H100 table lacks: `-ngl 28` with the last 16 layers' experts replays `-ngl 99`'s row (12762 MiB; measured on an

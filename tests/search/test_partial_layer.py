@@ -147,8 +147,10 @@ def test_a_knob_move_from_an_incumbent_below_the_boundary_is_measured_at_its_own
     the boundary with 12 threads measured slower than with 16, the share below beat both with 16 threads, and 12
     threads there (the best row) came from TPE, 8.5 trials at the median. Planted: the boundary (16 layers plus one
     more layer's gate and down) 15% slower than its bytes say, 8 threads 3% faster than 16 everywhere but in the
-    boundary's one process, which ran 5% slow: the search measures 8 threads at 18 whole layers' share, the best
-    row, as a local move."""
+    boundary's one process, which ran 5% slow: the search measures 8 threads at 18 layers' experts in RAM, the best
+    row, as a local move: at the incumbent's own share, or one share up from an incumbent that 8 threads and the
+    share below made (step 7's exploration found that one; before it, TPE measured 8 threads far from the boundary
+    and the effects it taught made the own-share move)."""
     planted = planted_table(tmp_path, partial=True, split_cost=0.15, exact_memory=True)
     df = pd.read_csv(planted)
     layer = (df.n_gpu_layers == 41) & (df.placement == "last") & (df.cpu_expert_layers == 16) & (df.ubatch == 512)
@@ -170,4 +172,5 @@ def test_a_knob_move_from_an_incumbent_below_the_boundary_is_measured_at_its_own
                 if t.is_feasible_ok}
     assert (16, 2, 8) in measured and (18, 0, 16) in measured, shown  # the boundary's threads move, the step down
     best = measured.get((18, 0, 8))
-    assert best is not None and "at the incumbent's own GPU share" in best.search_reason, shown
+    assert best is not None and best.search_reason.startswith("local:"), shown
+    assert "at the incumbent's own GPU share" in best.search_reason or "one GPU share up" in best.search_reason, shown
