@@ -11,6 +11,8 @@
 #       around the 8, 12 and 16 GiB boundaries, 108 rows, ~13 minutes),
 #       partialprocs (partial's placements around the boundaries again at 16 threads, in 3 processes per configuration
 #       (make_table.py --processes), 135 rows, ~15 minutes on an H200: no lucky process sets the target),
+#       partialkv (a ninth, never seen by the search: partial's placements next to the 12 and 16 GiB boundaries x
+#       threads 8/16 x K cache f16/q8_0, in 2 processes per configuration, 96 rows, ~11 minutes on an H200),
 #       wholelayers (a sixth: whole layers in RAM (n_gpu_layers 20/28/36/99) x expert layers in RAM (0-40 in steps of
 #       8, the last layers'), 24 rows, ~4 minutes: the memory model's predictions for the combination, and whether it
 #       is dominated),
@@ -89,6 +91,12 @@ for step in "$@"; do
         --grid cpu_expert_layers=6,7,8,9,10,16,17,18,19,20,26,27,28,29,30 partial_experts=0,1,2 \
         --fixed n_gpu_layers=99 placement=last flash_attn=on ubatch=512 load_mode=mmap threads=16 \
         --n-prompt 512 --n-gen 32 --repetitions 2 --processes 3 --seed 19 --max-minutes "${KNOB_MINUTES:-16}" --resume
+      ;;
+    partialkv)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h200-35b-partial-kv.csv" \
+        --grid cpu_expert_layers=7,8,9,17,18,19 partial_experts=0,2 threads=8,16 type_k=f16,q8_0 \
+        --fixed n_gpu_layers=99 placement=last flash_attn=on ubatch=512 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --processes 2 --seed 23 --max-minutes "${KNOB_MINUTES:-13}" --resume
       ;;
     wholelayers)
       python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/h200-35b-whole-layers.csv" \
