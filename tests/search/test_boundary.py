@@ -110,6 +110,22 @@ def test_after_the_local_moves_it_explores_the_configurations_the_models_give_a_
     assert all(t.predicted_mib <= budget for t in explored), shown
 
 
+def test_a_pareto_objective_leaves_the_exploration_to_the_sampler():
+    """A Pareto objective has a front, not one incumbent whose predicted gain the exploration could draw from: after
+    the local moves the campaign's sampler proposes, as before the exploration existed."""
+    table = TABLES / "h200-35b-partial-processes.csv"
+    df = read_table(table)
+    campaign = parse_campaign({
+        "name": "pareto", "engine": "replay", "engine_options": {"table": str(table), "seed": 0},
+        "model": str(table), "space": _space(df, parameter_columns(df)), "objective": "pareto",
+        "budget": {"trials": 12}, "constraints": {"vram_mib": 16384.0}, "sampler": {"name": "tpe", "seed": 0},
+        "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
+    }, str(table))
+    reasons = [str(t.search_reason) for t in _measured(sweep(campaign, storage=MEMORY_STORAGE, progress=False).study)]
+    assert any(r.startswith("sampler:") for r in reasons), reasons
+    assert not any(r.startswith("explore:") for r in reasons), reasons
+
+
 def test_a_row_standing_in_for_a_placement_the_table_lacks_does_not_widen_the_memory_model():
     """Once the local moves are measured, TPE proposes whole-layer offload with expert placement, which the first
     H100 table lacks: `-ngl 28` with the last 16 layers' experts replays `-ngl 99`'s row (12762 MiB; measured on an
