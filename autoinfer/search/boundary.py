@@ -556,13 +556,7 @@ class Boundary:
         below = [c for c in pool if c.speed < own]
         if not below:
             return None
-        step = max(below, key=lambda c: (c.speed, -c.mib))
-        params = {**step.params, **base}
-        if self._same(params) in tried:
-            return None
-        what = ", ".join(f"{k} {incumbent.params.get(k)} → {v}" for k, v in step.params.items()
-                         if incumbent.params.get(k) != v)
-        return params, what
+        return self._share_move(max(below, key=lambda c: (c.speed, -c.mib)), incumbent, base, tried)
 
     def _step_up(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen],
                  tried: set[str]) -> tuple[dict[str, Any], str] | None:
@@ -586,7 +580,12 @@ class Boundary:
                    and c.mib < over_at and (budget is None or c.mib <= budget)]
         if not between:
             return None
-        step = min(between, key=lambda c: (c.speed, c.mib))
+        return self._share_move(min(between, key=lambda c: (c.speed, c.mib)), incumbent, base, tried)
+
+    def _share_move(self, step: Candidate, incumbent: Seen, base: dict[str, Any],
+                    tried: set[str]) -> tuple[dict[str, Any], str] | None:
+        """The incumbent's knobs at another GPU share, and the share's change in words; None where it was
+        measured."""
         params = {**step.params, **base}
         if self._same(params) in tried:
             return None
