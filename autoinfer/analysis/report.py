@@ -25,9 +25,8 @@ from autoinfer.campaign.spec import stored_campaign
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import DEFAULT_THREADS
 from autoinfer.search.pareto import configurations, pp_weights, prompt_alternative, tg_pp_front
-from autoinfer.store.trials import Store
+from autoinfer.store.trials import Store, flagged_trials
 from autoinfer.sweep import deploy
-from autoinfer.sweep.drift import flagged_trials
 from autoinfer.sweep.recommend import Recommendation, recommend
 
 PLACEMENT = ("model", "n_gpu_layers", "n_cpu_moe", "override_tensors")

@@ -153,7 +153,7 @@ def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternati
     campaign = stored_campaign(study)
     if campaign is not None and campaign.objective_weights().get("pp"):
         return None
-    configs = configurations(study, set(Store(study).study_record().drift_flagged))
+    configs = configurations(study, store.flagged_trials(study))
     chosen = next((p for p, numbers in configs if recommended in numbers), None)
     if chosen is None or chosen.tg <= 0 or chosen.pp <= 0:
         return None

@@ -60,6 +60,12 @@ def load_study(name: str | None, storage: str | None) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=store)
 
 
+def flagged_trials(study: optuna.Study) -> set[int]:
+    """Trial numbers measured while the anchor showed drift (sweep/drift.py): excluded from the best, the
+    confirmation and the prompt-faster alternative."""
+    return set(Store(study).study_record().drift_flagged)
+
+
 def score(samples: dict[str, list[float]], weights: dict[str, float]) -> float | None:
     """The objective: weighted geometric mean of the medians, so tg and pp mix regardless of their scales."""
     import statistics

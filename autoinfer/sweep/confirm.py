@@ -38,8 +38,7 @@ from autoinfer.store.records import (
     TrialRecord,
     Verdict,
 )
-from autoinfer.store.trials import Store
-from autoinfer.sweep.drift import flagged_trials
+from autoinfer.store.trials import Store, flagged_trials
 
 
 def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[TrialRecord]:

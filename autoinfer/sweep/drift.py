@@ -33,7 +33,7 @@ from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.paths import results_dir
 from autoinfer.store import trials as store
 from autoinfer.store.records import AnchorRun, DriftEvent, DriftState, TrialRecord
-from autoinfer.store.trials import Store
+from autoinfer.store.trials import Store, flagged_trials
 
 # A busy loop that ends by itself when the process that started it is gone (even if it died by SIGKILL).
 _BUSY_LOOP = (
@@ -83,11 +83,6 @@ class LoadInjector:
         for p in self.procs:
             p.wait()
         self.procs = []
-
-
-def flagged_trials(study: optuna.Study) -> set[int]:
-    """Trial numbers measured while the anchor showed drift: excluded from the best and the confirmation."""
-    return set(Store(study).study_record().drift_flagged)
 
 
 def _score(m: Measurement, weights: dict[str, float]) -> float | None:

@@ -36,9 +36,8 @@ from autoinfer.search.realize import realize_trial
 from autoinfer.store import trials as store
 from autoinfer.store.records import waiting_remeasurements
 from autoinfer.store.redact import redact_url
-from autoinfer.store.trials import Store, record_of, write_trial
+from autoinfer.store.trials import Store, flagged_trials, record_of, write_trial
 from autoinfer.sweep import quality_gate, repeats
-from autoinfer.sweep.drift import flagged_trials
 from autoinfer.sweep.guard import TrialGuard, run_engine
 from autoinfer.sweep.progress import SweepProgress
 from autoinfer.sweep.recommend import as_best, recommend

@@ -13,9 +13,9 @@ from autoinfer.cli import app
 from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.errors import UserError
 from autoinfer.paths import trial_dir
-from autoinfer.store.trials import Store
+from autoinfer.store.trials import Store, flagged_trials
 from autoinfer.sweep import runner
-from autoinfer.sweep.drift import DriftAnchor, flagged_trials
+from autoinfer.sweep.drift import DriftAnchor
 from autoinfer.sweep.recommend import recommend
 
 

@@ -23,9 +23,9 @@ from autoinfer.engines.base import Measurement, Outcome
 from autoinfer.paths import default_storage
 from autoinfer.store import trials as store
 from autoinfer.store.records import Confirmation
-from autoinfer.store.trials import Store
+from autoinfer.store.trials import Store, flagged_trials
 from autoinfer.sweep.confirm import decide
-from autoinfer.sweep.drift import DriftAnchor, busy_verdict, flagged_trials
+from autoinfer.sweep.drift import DriftAnchor, busy_verdict
 from autoinfer.sweep.progress import SweepProgress
 from autoinfer.sweep.recommend import Run, recommend
 from autoinfer.sweep.recommend import decide as recommend_from
