@@ -233,13 +233,12 @@ class Boundary:
         GATE to beat that trial. On an H200 (benchmarks/tables/h200-35b-whole-layers.csv) every whole-layer offload
         beside expert layers in RAM was slower than an expert placement of no more memory; after the local moves TPE
         proposed them trial after trial."""
-        perf = self.perf.get(str(config.model))
-        if not self.share or perf is None or self.ctx.side != "device":
+        whole = self._whole(config)  # 0 for a model without a performance model
+        if not self.share or not whole or self.ctx.side != "device":
             return None
-        whole = self._whole(config)
         seen = self._seen(trials)
         scored = [s for s in seen if s.score is not None and s.config is not None]
-        if not whole or not scored:
+        if not scored:
             return None
         best = max(scored, key=lambda s: s.score)
         fewer = self._whole(best.config)
