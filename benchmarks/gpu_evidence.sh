@@ -12,7 +12,7 @@
 #       partialprocs (partial's placements around the boundaries again at 16 threads, in 3 processes per configuration
 #       (make_table.py --processes), 135 rows, ~15 minutes on an H200: no lucky process sets the target),
 #       partialkv (a ninth, never seen by the search: partial's placements next to the 12 and 16 GiB boundaries x
-#       threads 8/16 x K cache f16/q8_0, in 2 processes per configuration, 96 rows, ~11 minutes on an H200),
+#       threads 8/16 x K cache f16/q8_0, in 2 processes per configuration, 96 rows, ~10 minutes on an H200),
 #       wholelayers (a sixth: whole layers in RAM (n_gpu_layers 20/28/36/99) x expert layers in RAM (0-40 in steps of
 #       8, the last layers'), 24 rows, ~4 minutes: the memory model's predictions for the combination, and whether it
 #       is dominated),
