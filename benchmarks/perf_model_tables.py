@@ -3,7 +3,8 @@
 The search's performance model (autoinfer/model/performance.py: seconds per token from the weight bytes each side
 reads, threads and whole layers left on the CPU) was written before these tables were measured and is not tuned to
 any of them. Here each family is fitted to each table's tg medians as `autoinfer analyze` fits a study: AICc over
-the terms the rows determine, 5-fold hold-out MAPE with its standard error. Target (the search issue): on the GPU
+the terms the rows determine, 5-fold hold-out MAPE per configuration with its standard error (a configuration's
+processes are held out together and scored by their median: autoinfer/analysis/fits.py). Target (the search issue): on the GPU
 tables, AICc selects the performance model over the power law and its hold-out MAPE is at most 10%.
 
     python benchmarks/perf_model_tables.py                  # every table under benchmarks/tables/
@@ -36,7 +37,10 @@ NESTED = ("The bandwidth model is the performance model without its threads and 
           "terms fit zero the two are one fit (same AICc, same hold-out error: `bandwidth = performance`); where "
           "they lower the error by less than their AICc cost, AICc names the bandwidth model. A difference under 2 "
           "is no evidence either way. The target is the performance model against the power law (a negative "
-          "difference: the performance model is preferred) with its hold-out error.\n")
+          "difference: the performance model is preferred) with its hold-out error. The hold-out error is per "
+          "configuration: where a table measured several processes of one (`process` column), they leave the "
+          "training folds together and are scored by their median, since no model of a configuration predicts one "
+          "process's luck; on the other tables a configuration is one row.\n")
 
 
 def fitted(table: Path) -> FitSet:

@@ -2,6 +2,9 @@
 
 Every fit minimises squared error of log(tok/s) (relative error), so residual sums, AICc and hold-out errors are
 comparable between model families. Parameter CIs come from refitting on trials resampled with replacement.
+Hold-out error is per configuration: the trials of one configuration (its processes, its confirmation rounds) leave
+the training folds together, so its own luck never helps predict it, and it is scored against their median, since
+a model of a configuration cannot predict one process's luck.
 
 - power law (the seed's form): tok/s = C·(M − x)^α, x = GB of weights in system RAM, M fitted (not fixed);
   parameters are reported as ln C, α, M.
@@ -41,8 +44,8 @@ class Fit:
     k: int
     rss_log: float  # Σ (log y − log ŷ)²
     aicc: float
-    holdout_mape: float  # percent, k-fold
-    holdout_se: float  # its standard error over the held-out trials, percent
+    holdout_mape: float  # percent, k-fold over configurations
+    holdout_se: float  # its standard error over the held-out configurations, percent
     extra: dict[str, object] = field(default_factory=dict)
     boot: tuple[dict[str, float], ...] = field(default=(), repr=False)  # refits on resampled trials (for bands)
 
@@ -148,7 +151,7 @@ def threads_predict(params: dict[str, float], t: np.ndarray) -> np.ndarray:
 
 def _evaluate(name: str, fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
               predict: Callable[[dict[str, float], np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
-              k: int, seed: int, extra: dict[str, object] | None = None) -> Fit:
+              k: int, seed: int, groups: np.ndarray | None, extra: dict[str, object] | None = None) -> Fit:
     n = len(y)
     params = fit(x, y)
     resid = np.log(y) - np.log(predict(params, x))
@@ -166,27 +169,36 @@ def _evaluate(name: str, fit: Callable[[np.ndarray, np.ndarray], dict[str, float
         values = values[np.isfinite(values)]
         ci[key] = (float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))) if values.size else (
             math.nan, math.nan)
-    return Fit(name, params, ci, n, k, rss, aicc(rss, n, k), *holdout_error(fit, predict, x, y, seed=seed),
+    return Fit(name, params, ci, n, k, rss, aicc(rss, n, k), *holdout_error(fit, predict, x, y, seed=seed,
+                                                                         groups=groups),
                extra or {}, tuple(boots))
 
 
 def holdout_error(fit: Callable[[np.ndarray, np.ndarray], dict[str, float]],
                   predict: Callable[[dict[str, float], np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
-                  folds: int = FOLDS, seed: int = 0) -> tuple[float, float]:
-    """Mean absolute percentage error on held-out trials, k-fold (k = min(folds, n)), and its standard error."""
-    n = len(y)
-    folds = min(folds, n)
+                  folds: int = FOLDS, seed: int = 0, groups: np.ndarray | None = None) -> tuple[float, float]:
+    """Mean absolute percentage error on held-out configurations, k-fold (k = min(folds, configurations)), and its
+    standard error. `groups` names each trial's configuration (default: every trial its own); a configuration's
+    trials are held out together and scored by their median against the prediction's."""
+    groups = np.arange(len(y)) if groups is None else np.asarray(groups)
+    _, first = np.unique(groups, return_index=True)
+    labels = groups[np.sort(first)]  # in order of first appearance: one trial each keeps the trials' order
+    folds = min(folds, len(labels))
     if folds < 2:
         return math.nan, math.nan
-    order = np.random.default_rng(seed).permutation(n)
+    order = np.random.default_rng(seed).permutation(len(labels))
     errors = []
     for part in np.array_split(order, folds):
-        train = np.setdiff1d(order, part)
+        held = np.isin(groups, labels[part])
         try:
-            params = fit(x[train], y[train])
+            params = fit(x[~held], y[~held])
         except (ValueError, np.linalg.LinAlgError):
             return math.nan, math.nan
-        errors.extend(np.abs(predict(params, x[part]) - y[part]) / y[part])
+        predicted = predict(params, x[held])
+        for label in labels[part]:
+            own = groups[held] == label
+            measured = float(np.median(y[held][own]))
+            errors.append(abs(float(np.median(predicted[own])) - measured) / measured)
     return float(100 * np.mean(errors)), float(100 * np.std(errors, ddof=1) / math.sqrt(len(errors)))
 
 
@@ -197,22 +209,25 @@ def _determined_terms(design: np.ndarray) -> int:
     return int(np.linalg.matrix_rank(design[:, norms > 0] / norms[norms > 0], tol=1e-6))
 
 
-def _clean(y: Sequence[float], *cols: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _clean(y: Sequence[float], *cols: Sequence[float],
+           groups: Sequence[object] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The trials with a positive speed and every feature finite: features, speeds and their configurations."""
     arrays = [np.asarray(c, dtype=float) for c in cols]
     yy = np.asarray(y, dtype=float)
     keep = np.isfinite(yy) & (yy > 0)
     for a in arrays:
         keep &= np.isfinite(a)
     x = np.column_stack([a[keep] for a in arrays])
-    return (x[:, 0] if x.shape[1] == 1 else x), yy[keep]
+    return (x[:, 0] if x.shape[1] == 1 else x), yy[keep], None if groups is None else np.asarray(groups)[keep]
 
 
-def fit_power_law(cpu_gb: Sequence[float], tok_s: Sequence[float], seed: int = 0) -> Fit:
-    x, y = _clean(tok_s, cpu_gb)
+def fit_power_law(cpu_gb: Sequence[float], tok_s: Sequence[float], seed: int = 0,
+                  groups: Sequence[object] | None = None) -> Fit:
+    x, y, g = _clean(tok_s, cpu_gb, groups=groups)
     if len(np.unique(x)) < 3:
         raise ValueError("the power law needs at least 3 distinct GB-in-RAM values")
     ms = np.max(x) + np.ptp(x) * np.array([0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8])
-    fit = _evaluate("power_law", _power_fit, power_law_predict, x, y, 3, seed,
+    fit = _evaluate("power_law", _power_fit, power_law_predict, x, y, 3, seed, g,
                     {"alpha_vs_M": alpha_versus_m(x, y, ms)})
     # α and M trade off; the slope of ln(tok/s) per GB at the data's centre is what the data pins down.
     centre = float(np.mean(x))
@@ -227,17 +242,17 @@ def fit_power_law(cpu_gb: Sequence[float], tok_s: Sequence[float], seed: int = 0
 
 
 def fit_bandwidth(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float], tok_s: Sequence[float],
-                  seed: int = 0) -> Fit:
+                  seed: int = 0, groups: Sequence[object] | None = None) -> Fit:
     """`identifiable` is False when every trial reads the same total bytes per token (one model file): then only
     t0 + total/BW_gpu is determined, and t0 and BW_gpu trade off against each other."""
-    x, y = _clean(tok_s, active_cpu_gb, active_gpu_gb)
+    x, y, g = _clean(tok_s, active_cpu_gb, active_gpu_gb, groups=groups)
     if len(y) < 4:
         raise ValueError("the bandwidth model needs at least 4 trials with byte accounting")
     rank = _determined_terms(np.column_stack([np.ones(len(y)), x]))
     if rank < 2:
         raise ValueError("every trial reads the same bytes per token on each side (no placement varies): "
                          "nothing for the bandwidth model to explain")
-    fit = _evaluate("bandwidth", _bandwidth_fit, bandwidth_predict, x, y, rank, seed, {"identifiable": rank == 3})
+    fit = _evaluate("bandwidth", _bandwidth_fit, bandwidth_predict, x, y, rank, seed, g, {"identifiable": rank == 3})
     # Moving one GB from GPU to CPU costs 1/BW_cpu − 1/BW_gpu seconds per token: determined even when t0 and
     # BW_gpu are not, and the bandwidth the CPU side effectively adds.
     marginal = np.array([_marginal(b) for b in fit.boot])
@@ -249,13 +264,14 @@ def fit_bandwidth(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float]
 
 
 def fit_performance(active_cpu_gb: Sequence[float], active_gpu_gb: Sequence[float], cpu_layers: Sequence[float],
-                    threads: Sequence[float], tok_s: Sequence[float], seed: int = 0) -> Fit:
+                    threads: Sequence[float], tok_s: Sequence[float], seed: int = 0,
+                    groups: Sequence[object] | None = None) -> Fit:
     """The search's performance model on the trials; `terms_determined` is how many of its terms they pin down."""
-    x, y = _clean(tok_s, active_cpu_gb, active_gpu_gb, cpu_layers, threads)
+    x, y, g = _clean(tok_s, active_cpu_gb, active_gpu_gb, cpu_layers, threads, groups=groups)
     rank = _determined_terms(_performance_rows(x))
     if len(y) < rank + 2:
         raise ValueError(f"the performance model needs at least {rank + 2} trials with byte accounting")
-    return _evaluate("performance", _performance_fit, performance_predict, x, y, rank, seed,
+    return _evaluate("performance", _performance_fit, performance_predict, x, y, rank, seed, g,
                      {"terms_determined": rank})
 
 
@@ -277,12 +293,13 @@ def _marginal(params: dict[str, float]) -> float:
     return 1 / cost if cost > 0 else math.inf
 
 
-def fit_threads(threads: Sequence[float], tok_s: Sequence[float], seed: int = 0) -> Fit:
+def fit_threads(threads: Sequence[float], tok_s: Sequence[float], seed: int = 0,
+                groups: Sequence[object] | None = None) -> Fit:
     """One placement's thread scaling; `slower_above` is the thread count past which the model says speed drops."""
-    x, y = _clean(tok_s, threads)
+    x, y, g = _clean(tok_s, threads, groups=groups)
     if len(np.unique(x)) < 3:
         raise ValueError("the threads model needs at least 3 distinct thread counts")
-    fit = _evaluate("threads", _threads_fit, threads_predict, x, y, 3, seed)
+    fit = _evaluate("threads", _threads_fit, threads_predict, x, y, 3, seed, g)
     t_opt = fit.params["t_opt"]
     measured_max = float(np.max(x))
     by_t = {float(t): float(np.median(y[x == t])) for t in np.unique(x)}

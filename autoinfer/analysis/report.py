@@ -89,6 +89,12 @@ def _why_no_byte_accounting(frame: pd.DataFrame, ok: pd.DataFrame) -> str:
     return f"the GGUF byte accounting of {', '.join(Path(m).name for m in models) or 'the model'} could not be read"
 
 
+def _configurations(rows: pd.DataFrame) -> list[str]:
+    """Each trial's configuration, for the hold-out to keep its trials together; a trial without one is its own."""
+    keys = rows["config_key"] if "config_key" in rows else pd.Series("", index=rows.index)
+    return [key or f"trial {i}" for i, key in enumerate(keys.fillna(""))]
+
+
 def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
     """Both placement models on the same trials (those with byte accounting), and the threads model per placement."""
     ok = ok_rows(frame)
@@ -102,12 +108,13 @@ def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
         skipped = {"power_law": reason, "bandwidth": reason, "performance": reason}
     else:
         threads = rows["threads"].fillna(DEFAULT_THREADS) if "threads" in rows else np.full(len(rows), DEFAULT_THREADS)
-        for name, call in (("power_law", lambda: F.fit_power_law(rows["cpu_gb"], rows["tg_median"], seed)),
+        configs = _configurations(rows)
+        for name, call in (("power_law", lambda: F.fit_power_law(rows["cpu_gb"], rows["tg_median"], seed, configs)),
                            ("bandwidth", lambda: F.fit_bandwidth(rows["active_cpu_gb"], rows["active_gpu_gb"],
-                                                                 rows["tg_median"], seed)),
+                                                                 rows["tg_median"], seed, configs)),
                            ("performance", lambda: F.fit_performance(rows["active_cpu_gb"], rows["active_gpu_gb"],
                                                                      rows["cpu_layers"], threads, rows["tg_median"],
-                                                                     seed))):
+                                                                     seed, configs))):
             try:
                 fits[name] = call()
             except ValueError as exc:
@@ -121,7 +128,8 @@ def fit_study(frame: pd.DataFrame, seed: int = 0) -> FitSet:
                 continue
             label = placement_label(group.iloc[0])
             try:
-                threads.append((label, group, F.fit_threads(group["threads"], group["tg_median"], seed), ""))
+                threads.append((label, group, F.fit_threads(group["threads"], group["tg_median"], seed,
+                                                                   _configurations(group)), ""))
             except ValueError as exc:
                 threads.append((label, group, None, str(exc)))
     return FitSet(fits, skipped, rows, tuple(threads), F.winner(list(fits.values())))
@@ -195,8 +203,8 @@ def winner_sentence(fitset: FitSet) -> str:
     hold = ", ".join(f"{n} {f.holdout_mape:.1f} ± {f.holdout_se:.1f}%" for n, f in fits.items())
     agree = "and" if by_aicc == by_hold else f"but the {by_hold} model wins"
     return (f"The {by_aicc} model explains the speeds best by AICc (lower by {delta:.1f} than {other}) {agree} "
-            f"by k-fold hold-out error ({hold}; within one standard error the model with fewer terms wins), "
-            f"on {fits[by_aicc].n} trials.")
+            f"by k-fold hold-out error per configuration ({hold}; within one standard error the model with fewer "
+            f"terms wins), on {fits[by_aicc].n} trials.")
 
 
 def write_fits_json(fitset: FitSet, study: str, ceilings: dict[str, float | None], path: Path) -> None:

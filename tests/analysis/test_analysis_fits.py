@@ -112,3 +112,41 @@ def test_threads_model_does_not_flag_monotone_scaling():
 def test_aicc_matches_its_formula():
     assert F.aicc(2.0, 20, 3) == pytest.approx(20 * math.log(0.1) + 6 + 24 / 16)
     assert F.aicc(2.0, 4, 3) == math.inf
+
+
+def test_holdout_keeps_a_configurations_trials_out_of_its_training_folds():
+    """Three processes of each configuration: none of them may train the fit that predicts the other two."""
+    cpu, gpu, _ = _bandwidth_data(seed=3, n=20)
+    x = np.repeat(np.column_stack([cpu, gpu]), 3, axis=0)
+    y = np.exp(np.random.default_rng(4).normal(3, 0.1, len(x)))
+    groups = np.repeat([f"config {i}" for i in range(20)], 3)
+    trained: list[set[str]] = []
+
+    def fit(xs: np.ndarray, ys: np.ndarray) -> dict[str, float]:
+        trained.append({groups[np.flatnonzero((x == row).all(axis=1))[0]] for row in xs})
+        return {"mean": float(np.mean(ys))}
+
+    def predict(params: dict[str, float], xs: np.ndarray) -> np.ndarray:
+        return np.full(len(xs), params["mean"])
+
+    F.holdout_error(fit, predict, x, y, groups=groups)
+    assert len(trained) == F.FOLDS
+    held = [set(groups) - t for t in trained]
+    assert all(len(h) == 4 for h in held)  # 20 configurations in 5 folds, whole
+    assert set().union(*held) == set(groups)
+
+
+def test_holdout_scores_a_configuration_not_one_processs_luck():
+    """Speeds exactly the model's per configuration, each process off by its luck (log SD 0.15): scored against
+    its configuration's median the hold-out error falls well below a single process's."""
+    cpu, gpu, _ = _bandwidth_data(seed=5, n=30)
+    exact = 1 / (0.004 + cpu / 50 + gpu / 900)
+    luck = np.exp(np.random.default_rng(6).normal(0, 0.15, (30, 5)))
+    y = (exact[:, None] * luck).ravel()
+    groups = np.repeat(np.arange(30), 5)
+    cpu5, gpu5 = np.repeat(cpu, 5), np.repeat(gpu, 5)
+    per_process = F.fit_bandwidth(cpu5, gpu5, y)
+    per_configuration = F.fit_bandwidth(cpu5, gpu5, y, groups=groups)
+    assert per_process.holdout_mape > 10
+    assert per_configuration.holdout_mape < 0.6 * per_process.holdout_mape
+    assert per_configuration.aicc == per_process.aicc  # the fit itself is the same
