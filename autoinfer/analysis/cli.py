@@ -34,6 +34,7 @@ def analyze(
     from autoinfer.paths import results_dir
     from autoinfer.store.trials import load_study
     from autoinfer.sweep.diagnosis import diagnose
+    from autoinfer.sweep.recommend import recommend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_study(study, storage)
@@ -44,9 +45,9 @@ def analyze(
     others = [load_study(name, storage) for name in compare]
     result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw, compare_with=others)
     console = Console()
-    if not result.configs.empty:
-        best = result.configs.iloc[0]
-        console.print(f"best: {best['median']:.2f} tok/s median over {best['n']} sample(s)")
+    rec = recommend(loaded)  # the answer `sweep`, `status`, `export` and the report give, not the search's top median
+    if rec is not None:
+        console.print(rec.headline(), markup=False, soft_wrap=True)
     console.print(winner_sentence(result.fitset))
     if result.classes is not None:
         for _, row in result.classes.classes.iterrows():

@@ -121,6 +121,8 @@ def test_report_for_a_real_sweep_on_the_tiny_model(llama_tools, tmp_path):
     rec = recommend(study)  # a confirmation, when the sweep ran one, measured the finalists again and decides
     assert rec is not None and (rec.confirmed or rec.speed == pytest.approx(best))
     assert f"**{rec.speed:.2f} tok/s**" in md.split("## What explains the speed")[0]
+    said = done.stdout.splitlines()  # the command line names the same answer, not the search's own top median
+    assert said[0].startswith(f"recommended: trial {rec.trial}, {rec.speed:.2f} tok/s (median of {rec.runs} run"), said
     assert (trials["cpu_gb"] > 0).all()  # a CPU build keeps every weight in RAM, whatever -ngl asked
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits["fits"]) | set(fits["skipped"]) == {"power_law", "bandwidth", "performance"}
