@@ -218,7 +218,8 @@ class Boundary:
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
-        sampled = record_of(trial).search_reason is None
+        asked = record_of(trial)  # a trial queued by the drift anchor, a retry or the runner is not the sampler's
+        sampled = asked.search_reason is None and not asked.origin and asked.explore_after_repeats is None
         if sampled:
             write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (no local move or exploration draw was left)")
         skipped = self.memory.screen(trial, config)

@@ -174,7 +174,8 @@ def test_an_incumbent_no_move_beats_is_measured_once_more(tmp_path):
     assert t.outcome == "ok" and t.tg_samples
 
 
-def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str | dict = "tg", constraints=None):
+def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str | dict = "tg", constraints=None,
+                 storage: str = MEMORY_STORAGE):
     table = tmp_path / "knobs.csv"
     pd.DataFrame(rows).to_csv(table, index=False)
     df = read_table(table)
@@ -184,7 +185,23 @@ def _table_sweep(tmp_path: Path, rows: list[dict], trials: int, objective: str |
         "budget": {"trials": trials}, "constraints": constraints or {}, "sampler": {"name": "tpe", "seed": 0},
         "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
     }, str(table))
-    return sweep(campaign, storage=MEMORY_STORAGE, progress=False).study
+    return sweep(campaign, storage=storage, progress=False).study
+
+
+def test_a_trial_queued_again_by_the_drift_anchor_is_not_called_the_samplers(tmp_path):
+    """A re-measurement the drift anchor queued runs as queued, and its record names no sampler's choice: `status`
+    listed each one as "sampler: tpe (no local move or exploration draw was left)", and the gate on the sampler's
+    whole-layer proposals could have left it out."""
+    rows = [{"threads": t, "type_k": k, "tg": 100.0 + t + (k == "q8_0"), "pp": 500.0} for t in (1, 2) for k in
+            ("f16", "q8_0")]
+    storage = f"sqlite:///{tmp_path / 'drift.db'}"
+    study = _table_sweep(tmp_path, rows, trials=2, storage=storage)
+    first = Store(study).record(0)
+    Store(study).enqueue(dict(first.params), remeasure_of=0)
+    study = _table_sweep(tmp_path, rows, trials=2, storage=storage)  # the budget is spent: only the re-measurement
+    (again,) = [t for t in Store(study).records() if t.remeasure_of == 0]
+    assert again.outcome == "ok" and not again.unmeasured and again.params == first.params
+    assert again.search_reason is None, again.search_reason
 
 
 def test_a_value_measured_much_slower_is_not_measured_again_from_the_next_incumbent(tmp_path):
