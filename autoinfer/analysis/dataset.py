@@ -29,7 +29,7 @@ from autoinfer.errors import UserError
 from autoinfer.measure.stats import summarize
 from autoinfer.model.placement import PLACEMENT_KEYS, cpu_layers, placement_bytes, realize
 from autoinfer.store.records import ImportJunk, TrialRecord
-from autoinfer.store.trials import Store
+from autoinfer.store.trials import Store, flagged_trials
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,7 @@ def study_frame(study: optuna.Study) -> pd.DataFrame:
     frame = pd.DataFrame([trial_row(t) for t in trials])
     if frame.empty:
         raise UserError(f"study {study.study_name!r} has no trials; run `autoinfer sweep` or `autoinfer import`")
+    frame["drift_flagged"] = frame["trial"].isin(flagged_trials(study))
     return frame
 
 
@@ -300,8 +301,12 @@ CONFIG_COLUMNS = ("model", "quant", "n_gpu_layers", "n_cpu_moe", "placement", "c
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Successful, feasible trials with at least one generation sample."""
-    return frame[(frame["outcome"] == "ok") & frame["feasible"] & (frame["tg_n"] > 0)]
+    """Successful, feasible trials with at least one generation sample that the drift anchor did not flag (measured
+    while the machine had changed: the recommendation leaves them out too, and their re-measurements are in)."""
+    ok = (frame["outcome"] == "ok") & frame["feasible"] & (frame["tg_n"] > 0)
+    if "drift_flagged" in frame:
+        ok &= ~frame["drift_flagged"].astype(bool)
+    return frame[ok]
 
 
 def config_table(frame: pd.DataFrame, kind: str = "tg") -> pd.DataFrame:

@@ -366,7 +366,7 @@ def _recommendation(analysis: Analysis, study: optuna.Study, rec: Recommendation
         out.append(f"A {prompt.line()}.")
     if not pooled.empty and pooled.iloc[0]["n"] > 1:
         c = pooled.iloc[0]
-        out.append(f"Its generation samples over all its successful trials range {c['min']:.2f}–{c['max']:.2f} "
+        out.append(f"Its generation samples over its search trials range {c['min']:.2f}–{c['max']:.2f} "
                    f"tok/s (mean {c['mean']:.2f}, standard deviation {_fmt(c['std'])}, n={c['n']}): quote the "
                    "median, not the maximum.")
     if not pairs.empty and pairs.iloc[0]["best"] == key:
@@ -465,6 +465,26 @@ def _workload_section(analysis: Analysis, study: optuna.Study, rec: Recommendati
             "", _figure(analysis, "tg_pp_front", "generation vs prompt tok/s within the budget"), ""]
 
 
+def _recommended_key(frame: pd.DataFrame, rec: Recommendation | None) -> str | None:
+    mine = frame.loc[frame["trial"] == rec.trial, "config_key"] if rec is not None else ()
+    return mine.iloc[0] if len(mine) else None
+
+
+def _left_out(frame: pd.DataFrame) -> str:
+    """Which trials the tables, fits and figures leave out because the drift anchor flagged them (ok_rows)."""
+    flagged = frame.loc[frame["drift_flagged"], "trial"] if "drift_flagged" in frame else ()
+    if not len(flagged):
+        return ""
+    redone = frame.loc[frame["remeasure_of"].isin(flagged), "trial"] if "remeasure_of" in frame else ()
+    again = f"; measured again as trial(s) {_numbers(redone)}" if len(redone) else ""
+    return (f", without the trial(s) the drift anchor flagged ({_numbers(flagged)}: measured while the machine had "
+            f"changed{again}), which the fits and figures leave out too")
+
+
+def _numbers(trials: Any) -> str:
+    return ", ".join(str(int(t)) for t in sorted(trials))
+
+
 def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str, Any] | None,
                     ceilings: dict[str, float | None]) -> str:
     frame, fitset = analysis.frame, analysis.fitset
@@ -517,12 +537,18 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
     md += ["## Top configurations", ""]
     if not analysis.configs.empty:
         top = analysis.configs.head(8)
-        md += [_table(["configuration", "median tok/s", "95% CI", "samples", "trials", "peak VRAM MiB"],
+        chosen = _recommended_key(frame, rec)
+        md += ["Each configuration's search samples, pooled over its trials" + _left_out(frame) + ". "
+               + ("The recommendation is marked: a confirmation measured the leaders again, interleaved, and its "
+                  "runs decide between them, not these medians." if rec is not None and rec.confirmed else
+                  "The recommendation is marked."), "",
+               _table(["configuration", "median tok/s", "95% CI", "samples", "trials", "peak VRAM MiB", ""],
                       [[_config_text(r), r["median"], f"{_fmt(r['ci_low'])}–{_fmt(r['ci_high'])}", r["n"],
-                        r["trials"], r["vram_peak_mib"]] for _, r in top.iterrows()]), ""]
+                        r["trials"], r["vram_peak_mib"], "recommended" if r["config_key"] == chosen else ""]
+                       for _, r in top.iterrows()]), ""]
     if not analysis.pairs.empty:
-        md += ["Best against each runner-up (ratio of medians, bootstrap CI; distinguishable only when the CI "
-               "excludes 1):", "",
+        md += ["The fastest of this table against each runner-up (ratio of medians, bootstrap CI; distinguishable "
+               "only when the CI excludes 1):", "",
                _table(["runner-up median", "ratio", "95% CI", "p (Mann-Whitney)", "distinguishable"],
                       [[r["other_median"], r["ratio"], f"{_fmt(r['ratio_ci_low'], 3)}–{_fmt(r['ratio_ci_high'], 3)}",
                         r["p_mannwhitney"], "yes" if r["distinguishable"] else "no"]

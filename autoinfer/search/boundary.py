@@ -218,10 +218,12 @@ class Boundary:
         self._queue(study)
 
     def screen(self, trial: optuna.Trial, config: TrialConfig) -> Measurement | None:
-        asked = record_of(trial)  # a trial queued by the drift anchor, a retry or the runner is not the sampler's
-        sampled = asked.search_reason is None and not asked.origin and asked.explore_after_repeats is None
+        asked = record_of(trial)  # a drift anchor's re-measurement or a retry runs as queued, not as the sampler's
+        sampled = asked.search_reason is None and not asked.origin
         if sampled:
-            write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (no local move or exploration draw was left)")
+            write_trial(trial, search_reason=f"{SAMPLED} {self.sampler} (no local move or exploration draw was left)"
+                        if asked.explore_after_repeats is None else f"{SAMPLED} drawn at random, unmeasured, after "
+                        f"{asked.explore_after_repeats} suggestion(s) in a row of configurations already measured")
         skipped = self.memory.screen(trial, config)
         if skipped is None and sampled:
             skipped = self._whole_layers_lose(dict(trial.params), config, Store(trial.study).records())

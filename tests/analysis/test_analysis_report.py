@@ -54,6 +54,27 @@ def test_report_on_planted_bandwidth_data(placement_csv, planted, tmp_path):
     assert (trials["outcome"] == "oom").sum() == 1
 
 
+def test_trials_the_drift_anchor_flagged_leave_the_tables_and_fits_as_they_leave_the_recommendation(
+        placement_csv, tmp_path):
+    """The fastest trial, flagged (measured while the machine had changed), is neither the top configuration nor
+    a point of the fits; trials.csv keeps it, marked, and the report says which trials it left out."""
+    study = _study("flagged", placement_csv)
+    whole = analyze(study, tmp_path / "whole")
+    fastest = whole.configs.iloc[0]
+    Store(study).write_study(drift_flagged=frozenset({fastest["first_trial"]}))
+    analysis = analyze(study, tmp_path / "flagged")
+    assert fastest["config_key"] not in set(analysis.configs["config_key"])
+    assert analysis.fitset.fits["bandwidth"].n == whole.fitset.fits["bandwidth"].n - 1
+    trials = pd.read_csv(tmp_path / "flagged" / "trials.csv")
+    assert trials.loc[trials["drift_flagged"], "trial"].tolist() == [fastest["first_trial"]]
+    md = (tmp_path / "flagged" / "report.md").read_text()
+    assert f"without the trial(s) the drift anchor flagged ({fastest['first_trial']}: measured while" in md
+    rec = recommend(study)
+    assert rec is not None and rec.trial != fastest["first_trial"]
+    top = md.split("## Top configurations")[1].split("\n\n")[2].splitlines()[2]  # the table's first row
+    assert top.endswith("| recommended |"), top
+
+
 def test_report_flags_more_threads_slower(threads_csv, tmp_path):
     analysis = analyze(_study("threads", threads_csv), tmp_path)
     (label, rows, fit, why), = analysis.fitset.threads

@@ -87,6 +87,8 @@ def test_the_samplers_whole_layer_offloads_are_left_out_where_expert_placement_w
     assert slower and all(t.unmeasured and t.params["n_gpu_layers"] < 99 and "to beat it" in t.reason for t in slower)
     assert all(t.params["n_gpu_layers"] == 99 for t in measured) and len(measured) < 30
     assert len(records) < 200  # stopped, not spinning until the skip limit (301 in a row, ~1000 records) made it
+    drawn = [t for t in records if t.explore_after_repeats is not None]  # the runner's draws stand in for TPE's
+    assert drawn and all(t.search_reason.startswith("sampler: drawn at random, unmeasured, after") for t in drawn)
     assert Store(study).study_record().stopped.endswith(EXHAUSTED)  # and says why, for `status`
     best = df[(df.vram_mib <= budget)].tg.max()
     assert max(df.tg.iloc[t.metrics["replay_row"]] for t in measured if t.outcome == "ok") == best
