@@ -50,12 +50,14 @@ def print_status(console: Console, study: optuna.Study) -> None:
     study_store = Store(study)
     trials = study_store.records()
     kept = study_store.study_record()
-    finished = [t for t in trials if t.is_finished]
+    finished = [t for t in trials if t.is_finished and not t.is_remeasurement]  # as the budget counts them
+    again = sum(t.is_finished and t.is_remeasurement for t in trials)
     outcomes = Counter(t.status for t in trials)
     budget = campaign.budget.trials if campaign else len(finished)
     table = Table(title=f"study {study.study_name}", show_header=False)
     table.add_row("campaign", f"{campaign.name} (engine {campaign.engine})" if campaign else "imported")
-    table.add_row("trials", f"{len(finished)} done of {budget}, {max(budget - len(finished), 0)} remaining")
+    table.add_row("trials", f"{len(finished)} done of {budget}, {max(budget - len(finished), 0)} remaining"
+                  + (f"; {again} drift re-measurement(s) beside them, outside the budget" if again else ""))
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
     infeasible = sum(v for k, v in outcomes.items() if k in ("oom", "infeasible", "predicted_infeasible"))
     table.add_row("infeasible", str(infeasible))

@@ -204,6 +204,11 @@ def test_a_trial_queued_again_by_the_drift_anchor_is_not_called_the_samplers(tmp
     (again,) = [t for t in Store(study).records() if t.remeasure_of == 0]
     assert again.outcome == "ok" and not again.unmeasured and again.params == first.params
     assert again.search_reason is None, again.search_reason
+    console = Console(record=True, width=200)
+    print_status(console, study)
+    text = console.export_text()
+    assert "2 done of 2, 0 remaining; 1 drift re-measurement(s) beside them, outside the budget" in text, text
+    assert "chosen by the sampler" not in text, text
 
 
 def test_a_value_measured_much_slower_is_not_measured_again_from_the_next_incumbent(tmp_path):
