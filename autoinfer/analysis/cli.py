@@ -30,7 +30,7 @@ def analyze(
     import pandas as pd
 
     from autoinfer.analysis.report import analyze as run_analysis
-    from autoinfer.analysis.report import winner_sentence
+    from autoinfer.analysis.report import no_answer, winner_sentence
     from autoinfer.paths import results_dir
     from autoinfer.store.trials import load_study
     from autoinfer.sweep.diagnosis import diagnose
@@ -48,6 +48,8 @@ def analyze(
     rec = recommend(loaded)  # the answer `sweep`, `status`, `export` and the report give, not the search's top median
     if rec is not None:
         console.print(rec.headline(), markup=False, soft_wrap=True)
+    elif failed is None:  # diagnose has said nothing: trials succeeded, none within the constraints or trusted
+        console.print(f"no recommendation: {no_answer(result.frame)}", markup=False, soft_wrap=True)
     console.print(winner_sentence(result.fitset))
     if result.classes is not None:
         for _, row in result.classes.classes.iterrows():

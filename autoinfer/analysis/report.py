@@ -341,14 +341,20 @@ def _config_text(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
+def no_answer(frame: pd.DataFrame) -> str:
+    """Why a study with trials has no recommendation."""
+    if ok_rows(frame).empty and not ok_rows(frame.assign(drift_flagged=False)).empty:
+        return "every successful trial was flagged by the drift anchor (measured while the machine had changed)"
+    return "no configuration succeeded within the constraints"
+
+
 def _recommendation(analysis: Analysis, study: optuna.Study, rec: Recommendation | None) -> list[str]:
     """The study's recommendation (campaign.recommend: the same answer as `status` and `export`) and its evidence."""
     configs, pairs, frame = analysis.configs, analysis.pairs, analysis.frame
     if rec is None:
         counts = frame["outcome"].value_counts().to_dict()
-        why = ("every successful trial was flagged by the drift anchor (measured while the machine had changed)"
-               if not configs.empty else "no configuration succeeded within the constraints")
-        return [f"Nothing to recommend: {why}. Outcomes: {', '.join(f'{k} {v}' for k, v in counts.items())}."]
+        return [f"Nothing to recommend: {no_answer(frame)}. "
+                f"Outcomes: {', '.join(f'{k} {v}' for k, v in counts.items())}."]
     row = frame.loc[frame["trial"] == rec.trial].iloc[0]
     key = row["config_key"]
     pooled = configs.loc[configs["config_key"] == key] if not configs.empty else configs

@@ -73,6 +73,10 @@ def test_trials_the_drift_anchor_flagged_leave_the_tables_and_fits_as_they_leave
     assert rec is not None and rec.trial != fastest["first_trial"]
     top = md.split("## Top configurations")[1].split("\n\n")[2].splitlines()[2]  # the table's first row
     assert top.endswith("| recommended |"), top
+    Store(study).write_study(drift_flagged=frozenset(t.number for t in study.trials))
+    analyze(study, tmp_path / "all")  # nothing trusted is left: the report says why, not "nothing succeeded"
+    assert "Nothing to recommend: every successful trial was flagged by the drift anchor" in (
+        tmp_path / "all" / "report.md").read_text()
 
 
 def test_report_flags_more_threads_slower(threads_csv, tmp_path):
