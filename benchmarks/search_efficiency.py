@@ -67,7 +67,7 @@ cc6ea6a, 5 seeds, fresh noise, beside random search with 100 trials; 1008-1031 j
 noise, the exploration by Thompson sampling after the local moves (and one GPU share up from an incumbent below the
 boundary), developed on the eighth measured table, beside the search at a0c4dc1 and random search with 100 trials;
 1032-1055 judged the search unseen once more (its trials as at 878ef4f), 5 seeds, fresh noise, beside random search
-with 100 trials, and 1040, 1041, 1047 and 1052 were traced after.
+with 100 trials, and 1040, 1041 and 1052 were traced after (1047 on one seed).
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
