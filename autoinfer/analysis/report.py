@@ -463,9 +463,9 @@ def _workload_section(analysis: Analysis, study: optuna.Study, rec: Recommendati
             "(confirmation runs where it was confirmed).")
     return ["## Generation vs prompt processing", "",
             f"Configurations {within} that no other beats on both generation (tg) and prompt (pp) tok/s (each "
-            "configuration once, the samples of all its trials pooled). The campaign's objective weighs them as "
-            "`objective:` says; a workload that weighs prompts by w (`objective: {tg: 1-w, pp: w}`) is served best "
-            "by the front point whose range holds w, and can pick it: "
+            "configuration once, the samples of its trials pooled, those the drift anchor flagged left out). The "
+            "campaign's objective weighs them as `objective:` says; a workload that weighs prompts by w "
+            "(`objective: {tg: 1-w, pp: w}`) is served best by the front point whose range holds w, and can pick it: "
             f"`autoinfer export --study {study.study_name} --objective pp` (or `balanced`)." + note, "",
             _table(["trials", "tg tok/s", "pp tok/s", "peak MiB", "sqrt(tg·pp)", "best for pp weight w", ""], rows),
             "", _figure(analysis, "tg_pp_front", "generation vs prompt tok/s within the budget"), ""]
