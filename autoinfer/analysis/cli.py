@@ -34,7 +34,6 @@ def analyze(
     from autoinfer.paths import results_dir
     from autoinfer.store.trials import load_study
     from autoinfer.sweep.diagnosis import diagnose
-    from autoinfer.sweep.recommend import recommend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = load_study(study, storage)
@@ -45,7 +44,7 @@ def analyze(
     others = [load_study(name, storage) for name in compare]
     result = run_analysis(loaded, folder, cpu_bw=cpu_bw, gpu_bw=gpu_bw, compare_with=others)
     console = Console()
-    rec = recommend(loaded)  # the answer `sweep`, `status`, `export` and the report give, not the search's top median
+    rec = result.recommendation  # the answer `sweep`, `status`, `export` and the report give, not a top median
     if rec is not None:
         console.print(rec.headline(), markup=False, soft_wrap=True)
     elif failed is None:  # diagnose has said nothing: trials succeeded, none within the constraints or trusted

@@ -54,6 +54,7 @@ class Analysis:
     importance_note: str
     figures: dict[str, Path]
     out: Path
+    recommendation: Recommendation | None  # campaign.recommend's answer, read once for the figures, report and CLI
     classes: ClassComparison | None = None  # with --compare, or when the study's trials span several classes
 
 
@@ -280,10 +281,10 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
                                                         fitset.fits.get("bandwidth"), out)
     if ok["vram_peak_mib"].notna().any():
         figures["pareto_vram"] = plots.pareto(ok, *_budget(study, frame), out)
+    rec = recommend(study)
     workload, budget = _workload(study)
     if workload["front"].sum() >= 2:
-        figures["tg_pp_front"] = plots.tg_pp_front(workload, budget, _recommended_row(workload, recommend(study)),
-                                                   out)
+        figures["tg_pp_front"] = plots.tg_pp_front(workload, budget, _recommended_row(workload, rec), out)
     if np.isfinite(frame["value"].astype(float)).any():
         figures["history"] = plots.history(frame, out)
     if fitset.threads:
@@ -298,7 +299,7 @@ def analyze(study: optuna.Study, out: Path, *, cpu_bw: float | None = None, gpu_
             classes.classes.to_csv(tmp, index=False)
         with atomic.replacing(out / "classes-shared.csv") as tmp:
             classes.shared.to_csv(tmp, index=False)
-    analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out, classes)
+    analysis = Analysis(study.study_name, frame, configs, pairs, fitset, imp, imp_note, figures, out, rec, classes)
     md = render_markdown(analysis, study, datasheet, ceilings)
     atomic.write_text(out / "report.md", md)
     atomic.write_text(out / "report.html", render_html(md, f"autoinfer report: {study.study_name}"))
@@ -495,7 +496,7 @@ def render_markdown(analysis: Analysis, study: optuna.Study, datasheet: dict[str
                     ceilings: dict[str, float | None]) -> str:
     frame, fitset = analysis.frame, analysis.fitset
     md: list[str] = [f"# autoinfer report: {study.study_name}", "", "## Recommendation", ""]
-    rec = recommend(study)
+    rec = analysis.recommendation
     md += [" ".join(_recommendation(analysis, study, rec)), ""]
     check = deploy.stored(study)
     md += ["Deployment check (the recommended `llama-server` command, started once as printed and asked for a "
