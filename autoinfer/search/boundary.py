@@ -36,6 +36,9 @@
    share one step above the incumbent's, below the boundary's, is a move too.
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
+   A move may also go to a share faster than its boundary where that share's peak, carried over, may fit: from the
+   share measured with other knob values, or, where no trial measured it, from the incumbent's peak by the predicted
+   difference where the move frees memory. It is ranked by the chance to fit times the chance to beat the incumbent.
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
    whole-layer placement is faster. Step 7's too: a configuration with more whole layers in RAM than the best trial
    is not explored, and a sampler's proposal of one is recorded as predicted_slower, not measured, while the model
@@ -161,6 +164,7 @@ class Carried:
     mib: float
     sd: float
     trial: int
+    moved: bool = False  # from another GPU share (Boundary._carried_from), not the same share's trial
 
 
 @dataclass(frozen=True)
@@ -505,9 +509,10 @@ class Boundary:
     def _reach(self, knobs: dict[str, Any], at: dict[str, Any] | None, incumbent: Seen, seen: list[Seen],
                tried: set[str], effects: KnobEffects) -> Reach | None:
         """The likeliest GPU share faster than both the one the boundary gives these knob values (`at`) and the
-        incumbent's, where that share was measured with other knob values and its peak, carried over to these, may
-        fit; None where there is none. Its chance to beat the incumbent is the chance that the carried peak fits
-        times the chance to beat it if it does. The boundary measures a share only where its prediction, or its
+        incumbent's, where that share's peak, carried over to these knob values, may fit: measured there with other
+        knob values, or never measured and these values free memory (_carried_from); None where there is none. Its
+        chance to beat the incumbent is the chance that the carried peak fits times the chance to beat it if it
+        does. The boundary measures a share only where its prediction, or its
         carried peak, fits, so a smaller ubatch whose freed memory the model underrates re-fits to the share below
         and, as a prompt-only knob, moves last: on synthetic-908 at 8 GiB the fastest share measured 833 MiB over
         with ubatch 512, ubatch 128 freed 926 at the share below as the 10th trial, and the faster share with it
@@ -526,8 +531,12 @@ class Boundary:
             if c.speed <= speed or not fit_at < c.mib < over_at:
                 continue
             carried = self._carried(c, knobs, seen)
-            if carried is None or carried.mib <= budget:
-                continue  # never measured with other knobs, or the boundary's own (it fits as carried)
+            if carried is None:  # never measured: the incumbent's peak carried over, where these knobs free memory
+                carried = self._carried_from(c, knobs, incumbent)
+                if carried is None:
+                    continue
+            elif carried.mib <= budget:
+                continue  # the boundary's own (it fits as carried)
             params = {**c.params, **knobs}
             if self._placed(params, incumbent) <= 0.0 or self._same(params) in tried:
                 continue  # no faster than the incumbent's own share: nothing for the risk to buy
@@ -536,10 +545,31 @@ class Boundary:
             chance = fits * _chance(gain, sd)
             if best is None or chance > best.chance:
                 best = Reach(params, chance, gain, sd, f" (reach: a faster share, predicted {c.mib:.0f} MiB, its "
-                                                       f"peak carried over from trial {carried.trial}: "
+                                                       f"peak carried over from trial {carried.trial}"
+                                                       f"{' at another share' if carried.moved else ''}: "
                                                        f"{carried.mib:.0f} ± {carried.sd:.0f} of {budget:.0f}, "
                                                        f"{fits:.0%} to fit)")
         return best
+
+    def _carried_from(self, candidate: Candidate, knobs: dict[str, Any], incumbent: Seen) -> Carried | None:
+        """A share never measured, with these knob values: the incumbent's measured peak plus the predicted
+        difference, where the knob values are predicted to free memory at that share (None otherwise). The share's
+        part of the difference is weight bytes, counted; the knobs' part (compute buffers, KV cache) is what the
+        model may underrate before two of a knob's values were measured, so its spread is its own size: its sign is
+        trusted, not its size, as _carried does before any measured pair. On synthetic-1040 at 12 GiB the best row
+        keeps 20 layers' experts in RAM with ubatch 128 (12149 MiB); the model put that share over the budget with
+        every ubatch until ubatch 2048 was measured, and it came as the 14th trial; as this move, 7th
+        (benchmarks/results/search-efficiency.md)."""
+        if not incumbent.fits or incumbent.peak_mib is None or incumbent.config is None:
+            return None
+        own = {k: incumbent.params.get(k) for k in knobs}
+        at_own = self._config({**own, **candidate.params})
+        knob_part = self.memory.difference(candidate.config, at_own)
+        share_part = self.memory.difference(at_own, incumbent.config)
+        if knob_part is None or share_part is None or knob_part[0] >= 0.0:
+            return None
+        sd = math.hypot(share_part[1], knob_part[1], knob_part[0])
+        return Carried(incumbent.peak_mib + share_part[0] + knob_part[0], sd, incumbent.number, moved=True)
 
     def _step_down(self, incumbent: Seen, base: dict[str, Any], tried: set[str]) -> tuple[dict[str, Any], str] | None:
         """The incumbent's knobs with the next GPU share below its own (the placement predicted fastest after

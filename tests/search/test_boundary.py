@@ -362,3 +362,24 @@ def test_a_smaller_ubatch_reaches_the_faster_share_its_carried_peak_may_fit(tmp_
     assert first.params["cpu_expert_layers"] == 12 and first.params["ubatch"] == 128 and first.vram_peak_mib <= 8192
     assert not any(t.params["ubatch"] == 128 for t in measured if t.number < first.number), reasons
     assert measured[0].params["cpu_expert_layers"] == 12 and measured[0].vram_peak_mib > 8192
+
+
+def test_knobs_that_free_memory_reach_a_faster_share_never_measured(tmp_path, monkeypatch):
+    """Synthetic table 1040 at 12 GiB, whose compute buffers are 1.34x the memory model's: the best row keeps 20
+    layers' experts in RAM with ubatch 128 (12149 MiB). The model put 20 layers over the budget with every ubatch, so
+    the boundary stayed at 25, and no trial had measured 20 layers for a peak to carry over: the share came only once
+    ubatch 2048 had been measured and the model had learned the buffers' size, as the 14th trial. The incumbent's
+    peak, carried over to 20 layers by the predicted difference with the knob part's own size as its spread, may fit,
+    so 20 layers with ubatch 128 is a move of its own, measured within the first 8 trials, and fits."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    study = _replay(synthetic_table(tmp_path, 1040), 12288.0, trials=8)
+    measured = _measured(study)
+    reasons = [t.search_reason for t in measured]
+    reached = [t for t in measured if "at another share:" in str(t.search_reason)]
+    assert reached, reasons
+    first = reached[0]
+    assert first.params["cpu_expert_layers"] == 20 and first.params["ubatch"] == 128, reasons
+    assert first.vram_peak_mib <= 12288
+    assert all(t.params["cpu_expert_layers"] == 25 for t in measured if t.number < first.number), reasons
