@@ -512,11 +512,11 @@ class Boundary:
         incumbent's, where that share's peak, carried over to these knob values, may fit: measured there with other
         knob values, or never measured and these values free memory (_carried_from); None where there is none. Its
         chance to beat the incumbent is the chance that the carried peak fits times the chance to beat it if it
-        does. The boundary measures a share only where its prediction, or its
-        carried peak, fits, so a smaller ubatch whose freed memory the model underrates re-fits to the share below
-        and, as a prompt-only knob, moves last: on synthetic-908 at 8 GiB the fastest share measured 833 MiB over
-        with ubatch 512, ubatch 128 freed 926 at the share below as the 10th trial, and the faster share with it
-        came 11th; as this move, 9th (benchmarks/results/search-efficiency.md)."""
+        does. The boundary measures a share only where its prediction, or its carried peak, fits, so a smaller
+        ubatch whose freed memory the model underrates re-fits to the share below and, as a prompt-only knob, moves
+        last: on synthetic-908 at 8 GiB the fastest share measured 833 MiB over with ubatch 512, ubatch 128 freed
+        926 at the share below as the 10th trial, and the faster share with it came 11th; as this move, 9th
+        (benchmarks/results/search-efficiency.md)."""
         budget = self.ctx.budget_mib
         if not self.share or budget is None or not self.memory.models or at is None:
             return None
