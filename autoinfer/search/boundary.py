@@ -532,7 +532,7 @@ class Boundary:
                 continue
             carried = self._carried(c, knobs, seen)
             if carried is None:  # never measured: the incumbent's peak carried over, where these knobs free memory
-                carried = self._carried_from(c, knobs, incumbent)
+                carried = self._carried_from(c, knobs, incumbent, seen)
                 if carried is None:
                     continue
             elif carried.mib <= budget:
@@ -551,25 +551,40 @@ class Boundary:
                                                        f"{fits:.0%} to fit)")
         return best
 
-    def _carried_from(self, candidate: Candidate, knobs: dict[str, Any], incumbent: Seen) -> Carried | None:
-        """A share never measured, with these knob values: the incumbent's measured peak plus the predicted
-        difference, where the knob values are predicted to free memory at that share (None otherwise). The share's
-        part of the difference is weight bytes, counted; the knobs' part (compute buffers, KV cache) is what the
-        model may underrate before two of a knob's values were measured, so its spread is its own size: its sign is
-        trusted, not its size, as _carried does before any measured pair. On synthetic-1040 at 12 GiB the best row
-        keeps 20 layers' experts in RAM with ubatch 128 (12149 MiB); the model put that share over the budget with
-        every ubatch until ubatch 2048 was measured, and it came as the 14th trial; as this move, 7th
-        (benchmarks/results/search-efficiency.md)."""
+    def _carried_from(self, candidate: Candidate, knobs: dict[str, Any], incumbent: Seen,
+                      seen: list[Seen]) -> Carried | None:
+        """A share never measured, with these knob values: the incumbent's measured peak plus the difference,
+        where the knob values free memory at that share (None otherwise). The share's part of the difference is
+        weight bytes, counted, with the model's spread; the knobs' part (compute buffers, KV cache) is estimated as
+        _carried estimates it (_knob_difference), from measured pairs where there are any. On synthetic-1040 at
+        12 GiB the best row keeps 20 layers' experts in RAM with ubatch 128 (12149 MiB); the model put that share
+        over the budget with every ubatch until ubatch 2048 was measured, and it came as the 14th trial; as this
+        move, 7th (benchmarks/results/search-efficiency.md)."""
         if not incumbent.fits or incumbent.peak_mib is None or incumbent.config is None:
             return None
-        own = {k: incumbent.params.get(k) for k in knobs}
-        at_own = self._config({**own, **candidate.params})
-        knob_part = self.memory.difference(candidate.config, at_own)
+        at_own = self._config({k: incumbent.params.get(k) for k in knobs} | candidate.params)
         share_part = self.memory.difference(at_own, incumbent.config)
+        knob_part = self._knob_difference(candidate.config, at_own, knobs, incumbent, seen, None)
         if knob_part is None or share_part is None or knob_part[0] >= 0.0:
             return None
-        sd = math.hypot(share_part[1], knob_part[1], knob_part[0])
-        return Carried(incumbent.peak_mib + share_part[0] + knob_part[0], sd, incumbent.number, moved=True)
+        return Carried(incumbent.peak_mib + share_part[0] + knob_part[0], math.hypot(share_part[1], knob_part[1]),
+                       incumbent.number, moved=True)
+
+    def _knob_difference(self, config: TrialConfig, other_config: TrialConfig, knobs: dict[str, Any], other: Seen,
+                         seen: list[Seen], skip: str | None) -> tuple[float, float] | None:
+        """The peak difference between `config` and `other_config`, one GPU share with `knobs` and `other`'s knob
+        values, with its standard deviation: as measured in pairs at shares other than `skip`
+        (_measured_difference), or where none was, the memory model's prediction. Its spread adds to the
+        coefficients' uncertainty how far the predicted differences between measured pairs of one share missed (the
+        model's form may not be llama.cpp's); before any such pair, the difference's own size: its sign is trusted,
+        not its size. Without that prior the first trials of a new placement pattern probed the share just measured
+        over with another (synthetic-297 at 12 GiB: trial 4 repeated trial 1's 12593 MiB,
+        benchmarks/results/search-efficiency.md). None where the model cannot tell."""
+        diff = self.memory.difference(config, other_config)
+        if diff is None:
+            return None
+        return self._measured_difference(config, knobs, other, skip, seen, diff[0]) or \
+            (diff[0], math.hypot(diff[1], self._miss if self._miss is not None else diff[0]))
 
     def _step_down(self, incumbent: Seen, base: dict[str, Any], tried: set[str]) -> tuple[dict[str, Any], str] | None:
         """The incumbent's knobs with the next GPU share below its own (the placement predicted fastest after
@@ -821,17 +836,12 @@ class Boundary:
 
     def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
         """The candidate's peak carried over from the same GPU share measured with other knob values, with its
-        standard deviation: that peak plus the difference between the two knob values measured at other shares
-        (_measured_difference), or where none was, the memory model's predicted difference (the closest such trial;
-        None where the share was never measured). The model's error for one placement is mostly the
-        placement's own and cancels in the difference, so a placement measured over in one group is not probed
-        again in every other group, and one the model puts just over the budget is measured where its measured
-        neighbours say it fits. The spread adds to the coefficients' uncertainty how far the predicted
-        differences between measured pairs of one share missed (the model's form may not be llama.cpp's); before
-        any such pair, the difference's own size: its sign is trusted, not its size. Without that prior the first
-        trials of a new placement pattern probed the share just measured over with another (synthetic-297 at 12 GiB:
-        trial 4 repeated trial 1's 12593 MiB, benchmarks/results/search-efficiency.md). A trial llama.cpp runs
-        alike (other memory-neutral knobs, a moot placement pattern) carries its peak exactly."""
+        standard deviation: that peak plus the difference between the two knob values (_knob_difference; the
+        closest such trial, None where the share was never measured). The model's error for one placement is
+        mostly the placement's own and cancels in the difference, so a placement measured over in one group is not
+        probed again in every other group, and one the model puts just over the budget is measured where its
+        measured neighbours say it fits. A trial llama.cpp runs alike (other memory-neutral knobs, a moot
+        placement pattern) carries its peak exactly."""
         # the same share measured in another group (the same group's measured peaks already bound the prediction)
         others = [s for s in seen if s.peak_mib is not None and s.config is not None
                   and all(s.params.get(n) == v for n, v in candidate.params.items())
@@ -844,20 +854,19 @@ class Boundary:
         for s in others:
             if self._same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same:
                 return Carried(s.peak_mib, 0.0, s.number)  # llama.cpp runs them alike: the peak is the measured one
-            diff = self.memory.difference(candidate.config, s.config)
+            diff = self._knob_difference(candidate.config, s.config, knobs, s, seen, self._share_key(s.params))
             if diff is None:
                 continue
-            mean, sd = self._measured_difference(candidate.config, knobs, s, seen, diff[0]) or \
-                (diff[0], math.hypot(diff[1], self._miss if self._miss is not None else diff[0]))
+            mean, sd = diff
             if best is None or sd < best.sd:
                 best = Carried(s.peak_mib + mean, sd, s.number)
         return best
 
-    def _measured_difference(self, config: TrialConfig, knobs: dict[str, Any], other: Seen, seen: list[Seen],
-                             predicted: float) -> tuple[float, float] | None:
-        """The peak difference between `knobs` and `other`'s knob values as measured at other GPU shares (pairs of
-        trials of one share with those two sets of values), moved to this share by the memory model's predicted
-        change of the difference between the shares (`predicted` is its difference at this share), with its
+    def _measured_difference(self, config: TrialConfig, knobs: dict[str, Any], other: Seen, skip: str | None,
+                             seen: list[Seen], predicted: float) -> tuple[float, float] | None:
+        """The peak difference between `knobs` and `other`'s knob values as measured at GPU shares other than `skip`
+        (pairs of trials of one share with those two sets of values), moved to this share by the memory model's
+        predicted change of the difference between the shares (`predicted` is its difference at this share), with its
         standard deviation: the size of that change and the spread of the pairs. None without such a pair. The KV
         cache and compute buffers a knob sizes hardly depend on where the experts are, and a measured difference
         knows what the model's form does not: on synthetic-781 at 8 GiB the model put flash attention with a q8_0
@@ -868,11 +877,10 @@ class Boundary:
             return all(s.params.get(k) == v for k, v in values.items() if k not in self.neutral)
 
         theirs = {k: other.params.get(k) for k in knobs}
-        here = self._share_key(other.params)
         shares: dict[str, tuple[list[Seen], list[Seen]]] = {}
         for s in seen:
             key = self._share_key(s.params)
-            if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == here:
+            if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == skip:
                 continue
             mine, others = shares.setdefault(key, ([], []))
             if knob_values(s, knobs):
