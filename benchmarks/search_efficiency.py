@@ -71,8 +71,8 @@ with 100 trials, and 1040, 1041 and 1052 were traced after (1047 on one seed); 1
 faster share never measured (developed on 1040), which 1056-1079 judged unseen beside the search before it and
 random search with 100 trials (kept); 1080-1103 judged the search at 6f931b3 unseen, and 1087 was traced after;
 1008-1055 judged one estimate of a knob move's memory for both carried peaks (kept) and 1008-1031 a re-measurement
-of an incumbent after four trials short of it, developed on 1087 (not kept); 1104-1127 judged the first unseen,
-5 seeds, fresh noise, beside the search at 6f931b3 and random search with 100 trials, and 1080-1103 once more;
+of an incumbent after four trials short of it, developed on 1087 (not kept); 1104-1127 judged the kept one
+unseen, 5 seeds, fresh noise, beside the search at 6f931b3 and random search with 100 trials, and 1080-1103 once more;
 1128-1151 judged it unseen beside random search with 100 trials, and 1097 and 1128 were traced after;
 1152-1175 have random search's run.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of

@@ -572,8 +572,8 @@ class Boundary:
 
     def _knob_difference(self, config: TrialConfig, other_config: TrialConfig, knobs: dict[str, Any], other: Seen,
                          seen: list[Seen], skip: str | None) -> tuple[float, float] | None:
-        """The peak difference between `config` and `other_config`, one GPU share with `knobs` and `other`'s knob
-        values, with its standard deviation: as measured in pairs at shares other than `skip`
+        """The peak difference between `config` and `other_config` (one GPU share, with `knobs` and with `other`'s
+        knob values), with its standard deviation: as measured in pairs at shares other than `skip`
         (_measured_difference), or where none was, the memory model's prediction. Its spread adds to the
         coefficients' uncertainty how far the predicted differences between measured pairs of one share missed (the
         model's form may not be llama.cpp's); before any such pair, the difference's own size: its sign is trusted,
