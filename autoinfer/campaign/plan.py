@@ -1,7 +1,7 @@
 """A campaign made ready to run, once: the budgets for this run, the multi-GPU knobs this worker's GPUs add, the
-thread counts of this machine's cores where the campaign asks for them, the engine created and its knobs checked
-against the space, Optuna's distributions, the models resolved to files and the settings the engine imposes. The
-loop and the search read it; nothing is validated twice.
+thread counts of this machine's cores where the campaign asks for them, huge pages only where this host has them,
+the engine created and its knobs checked against the space, Optuna's distributions, the models resolved to files and
+the settings the engine imposes. The loop and the search read it; nothing is validated twice.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import Decision, Engine, TrialConfig
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import visible_gpus
-from autoinfer.measure.host import usable_physical_cores
+from autoinfer.measure.host import huge_pages_refusal, usable_physical_cores
 from autoinfer.model.placement import FOLLOW_LAYERS, GPU_SPLITS, split_shares
 
 HOST = "host"  # space.threads: HOST searches this machine's own core counts (host_threads)
@@ -44,12 +44,13 @@ def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None 
     campaign, threads = host_threads(multi_gpu_space(campaign.model_copy(update={"budget": budget})))
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.knobs)
+    campaign, pages = host_huge_pages(campaign)
     dists = distributions(campaign)
     if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
         check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
-    notes = tuple(n for n in [threads, batches_run_smaller(engine, campaign)] if n)
+    notes = tuple(n for n in [threads, pages, batches_run_smaller(engine, campaign)] if n)
     for note in notes:
         Console(stderr=True).print(f"decision: {note}", markup=False, soft_wrap=True)
     return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions, notes)
@@ -72,6 +73,24 @@ def host_threads(campaign: Campaign, cores: int | None = None) -> tuple[Campaign
             "core(s) this process may use")
     return campaign.model_copy(update={"space": {**campaign.space,
                                                  "threads": values if len(values) > 1 else values[0]}}), note
+
+
+def host_huge_pages(campaign: Campaign) -> tuple[Campaign, str | None]:
+    """`space.huge_pages` without 1 where this host cannot give llama.cpp's weights huge pages
+    (measure.host.huge_pages_refusal), and the decision in words: such trials would run as 0 does and be recorded as
+    1. A campaign that asks for 1 alone is refused. Unchanged, with None, where the host can, the space does not ask
+    for 1, or the engine measures nothing here (a table's rows say what ran)."""
+    asked = campaign.space.get("huge_pages")
+    values = asked if isinstance(asked, list) else [] if asked is None else [0, 1] if isinstance(asked, dict) else [asked]
+    if not any(v not in (0, False) for v in values) or not base.capabilities(campaign.engine).host_measurement:
+        return campaign, None
+    refusal = huge_pages_refusal()
+    if refusal is None:
+        return campaign, None
+    if all(v not in (0, False) for v in values):
+        raise UserError(f"space.huge_pages: 1 cannot run here: {refusal}; set huge_pages: 0 or drop it")
+    note = f"huge_pages: 0 only: {refusal}, so 1 would run as 0"
+    return campaign.model_copy(update={"space": {**campaign.space, "huge_pages": 0}}), note
 
 
 def batches_run_smaller(engine: Engine, campaign: Campaign) -> str | None:

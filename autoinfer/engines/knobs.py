@@ -95,6 +95,8 @@ BENCH_KNOBS: dict[str, Knob] = {
     "delay": rule(_int_in(0, None), "a whole number of seconds, 0 or more"),
     "poll": rule(_int_in(0, 100), "an integer from 0 to 100"),
     "repack": rule(lambda v: v in (0, 1), "0 or 1 (weight repacking off or on), or false/true"),
+    "huge_pages": rule(lambda v: v in (0, 1), "0 or 1 (the weights in host memory on transparent huge pages: "
+                       "engines.llama_common.HUGE_PAGES), or false/true"),
 }
 
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from typing import Any
 
 from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig, register
 from autoinfer.engines.knobs import BENCH_KNOBS, MULTI_GPU_KNOBS, TRIAL_KNOBS
-from autoinfer.engines.llama_common import LlamaToolsEngine, bench_args, classify_failure
+from autoinfer.engines.llama_common import (
+    LlamaToolsEngine,
+    bench_args,
+    child_environment,
+    classify_failure,
+    knob_environment,
+)
 from autoinfer.measure.process import run_isolated
 
 #: Fields of a llama-bench record that describe the build and machine rather than the configuration.
@@ -139,17 +144,14 @@ class LlamaBenchEngine(LlamaToolsEngine):
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         argv = self.command(config)
-        env = dict(os.environ)
-        if self.tools.lib_dir is not None:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in (str(self.tools.lib_dir), env.get("LD_LIBRARY_PATH")) if p)
-        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=env, gpus=ctx.gpus)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=child_environment(config, self.tools), gpus=ctx.gpus)
         common: dict[str, Any] = dict(
             engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
             vram_peak_mib=res.vram_peak_mib, vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
         )
         run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
-                   "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method}
+                   "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method,
+                   **({"knob_environment": env} if (env := knob_environment(config)) else {})}
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
                                                rss_peak_mib=res.rss_peak_mib, crash=res.crash)

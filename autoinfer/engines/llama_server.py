@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import statistics
 import time
@@ -25,7 +24,9 @@ from autoinfer.engines.base import Measurement, Outcome, RunContext, TrialConfig
 from autoinfer.engines.knobs import BENCH_KNOBS, MULTI_GPU_KNOBS, TRIAL_KNOBS, count
 from autoinfer.engines.llama_common import (
     LlamaToolsEngine,
+    child_environment,
     classify_failure,
+    knob_environment,
     server_args,
     slots,
     whole_context,
@@ -35,7 +36,7 @@ from autoinfer.measure.process import IsolatedProcess
 #: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and
 #: the split over several GPUs.
 SERVER_KNOBS = {"threads_batch": count(), "ctx_size": count(), "parallel": count(), "repack": BENCH_KNOBS["repack"],
-                **MULTI_GPU_KNOBS}
+                "huge_pages": BENCH_KNOBS["huge_pages"], **MULTI_GPU_KNOBS}
 PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus-en.txt"
 _POLL_S = 0.05
 _WARMUP_TOKENS = (8, 2)  # prompt and generated tokens of the warm-up request
@@ -177,12 +178,10 @@ class LlamaServerEngine(LlamaToolsEngine):
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         port = free_port()
         argv = self.command(config, port)
-        env = dict(os.environ)
-        if self.tools.lib_dir is not None:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in (str(self.tools.lib_dir), env.get("LD_LIBRARY_PATH")) if p)
+        env = child_environment(config, self.tools)
         run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
-                   "bin_dir": str(self.tools.bin_dir), "port": port}
+                   "bin_dir": str(self.tools.bin_dir), "port": port,
+                   **({"knob_environment": knobs} if (knobs := knob_environment(config)) else {})}
         deadline = time.monotonic() + ctx.timeout_s
         client = Client(port, deadline)
         with IsolatedProcess(argv, env=env, gpus=ctx.gpus) as proc:

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from autoinfer.engines.base import TrialConfig, capabilities
-from autoinfer.engines.llama_common import bench_args, server_args
+from autoinfer.engines.llama_common import bench_args, env_words, server_args
 from autoinfer.errors import UserError
 from autoinfer.store.trials import Best
 
@@ -24,6 +24,16 @@ def _binary(best: Best, name: str) -> str:
     if cmd and Path(cmd[0]).name.startswith("llama-"):
         return str(Path(cmd[0]).with_name(name))
     return name
+
+
+def server_command(best: Best) -> list[str]:
+    """The llama-server argv that runs the configuration as measured, an environment its knobs set first."""
+    return [*env_words(best.config), _binary(best, "llama-server"), *server_args(best.config)]
+
+
+def bench_command(best: Best) -> list[str]:
+    """The llama-bench argv of the configuration, an environment its knobs set first."""
+    return [*env_words(best.config), _binary(best, "llama-bench"), *bench_args(best.config)]
 
 
 def as_dict(best: Best, study: str) -> dict:
@@ -92,13 +102,13 @@ def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str
     if fmt == "python":
         return python_snippet(best, study, engine)
     if fmt == "server":
-        return shlex.join([_binary(best, "llama-server"), *server_args(best.config)])
+        return shlex.join(server_command(best))
     if fmt == "bench":
-        return shlex.join([_binary(best, "llama-bench"), *bench_args(best.config)])
+        return shlex.join(bench_command(best))
     data = as_dict(best, study)
     if capabilities(engine).llama_settings:
-        data["llama_server"] = [_binary(best, "llama-server"), *server_args(best.config)]
-        data["llama_bench"] = [_binary(best, "llama-bench"), *bench_args(best.config)]
+        data["llama_server"] = server_command(best)
+        data["llama_bench"] = bench_command(best)
     elif own:
         data["command"] = list(own)
     if fmt == "json":

@@ -124,7 +124,7 @@ def _gpu_table() -> Table:
 
 
 def _host_table() -> Table:
-    from autoinfer.measure.host import host_info, ram_limit_mib
+    from autoinfer.measure.host import host_info, huge_pages_refusal, ram_limit_mib
 
     host = host_info()
     table = Table(title="host", show_header=False)
@@ -135,6 +135,9 @@ def _host_table() -> Table:
                             f"{psutil.virtual_memory().available / 2**30:.1f} GiB available, "
                             f"{ram_limit_mib() / 1024:.1f} GiB limit")
     table.add_row("OS", host.os)
+    refusal = huge_pages_refusal()
+    table.add_row("huge pages", f"not searched: {refusal}" if refusal else "huge_pages: 1 can run here (transparent "
+                  "huge pages for malloc's blocks, glibc.malloc.hugetlb)")
     for label, folder in (("cache", cache_dir()), ("results", results_dir())):
         probe = next(p for p in (folder, *folder.parents) if p.exists())
         table.add_row(f"free disk ({label})", f"{shutil.disk_usage(probe).free / 2**30:.1f} GiB at {folder}")

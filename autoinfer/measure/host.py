@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,25 @@ def other_gpu_processes(exclude: set[int] | None = None) -> list[GpuProcess]:
     """Processes on any GPU other than this one (and `exclude`): a measurement next to them is not clean."""
     skip = {os.getpid(), *(exclude or set())}
     return [p for p in gpu_processes() if p.pid not in skip]
+
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages_refusal(mode_file: Path = THP_MODE, libc: tuple[str, str] | None = None) -> str | None:
+    """Why malloc gets no transparent huge pages on this host (engines.llama_common.HUGE_PAGES asks glibc for them),
+    None where it does: the kernel's THP mode must be `madvise` or `always`, and the C library glibc 2.35 or later,
+    which ignores a tunable it does not know."""
+    try:
+        mode = re.search(r"\[(\w+)\]", mode_file.read_text())
+    except OSError:
+        mode = None
+    if mode is None:
+        return f"this kernel has no transparent huge pages ({mode_file} unreadable)"
+    if mode.group(1) == "never":
+        return f"transparent huge pages are off on this host ({mode_file}: never)"
+    name, version = libc or platform.libc_ver()
+    parts = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    if name != "glibc" or parts < [2, 35]:
+        return f"the C library is {name or 'not glibc'} {version}".rstrip() + ", and glibc.malloc.hugetlb needs glibc 2.35"
+    return None

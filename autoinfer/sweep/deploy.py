@@ -20,7 +20,7 @@ import optuna
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
-from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure
+from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, env_words
 from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, wait_healthy
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
@@ -95,8 +95,9 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
                                 0.0)
     else:
         command = shlex.split(render("server", best, study.study_name, campaign.engine))
-        if os.sep not in command[0] and shutil.which(command[0]) is None:
-            check = DeploymentCheck("skipped", f"the printed command runs {command[0]} from PATH and there is none on "
+        binary = command[len(env_words(best.config))]  # after the `env NAME=VALUE` its knobs set
+        if os.sep not in binary and shutil.which(binary) is None:
+            check = DeploymentCheck("skipped", f"the printed command runs {binary} from PATH and there is none on "
                                     "this machine's PATH; put a llama.cpp build's bin folder there (`autoinfer doctor` "
                                     "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
         else:

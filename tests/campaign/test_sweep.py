@@ -19,7 +19,8 @@ import pytest
 
 from autoinfer.campaign.plan import host_threads
 from autoinfer.campaign.spec import load_campaign, stored_campaign
-from autoinfer.measure.host import usable_physical_cores
+from autoinfer.engines.llama_common import HUGE_PAGES
+from autoinfer.measure.host import huge_pages_refusal, usable_physical_cores
 from autoinfer.model.synth import QWEN35_VOCAB
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
@@ -111,6 +112,30 @@ def test_sweep_stores_samples_and_exports_a_pasteable_command(tmp_path, tiny_mod
     assert bench[bench.index("-m") + 1] == str(spaced)
     run = subprocess.run([*bench, "-r", "1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and '"avg_ts"' in run.stdout  # the exported bench line runs as it is
+
+
+def test_huge_pages_run_measured_printed_and_deployed_with_their_environment(tmp_path, tiny_model, env):
+    """huge_pages: 1 (engines.llama_common.HUGE_PAGES) is an environment as well as a flag: every trial's child gets
+    it, the printed commands start with it and run as printed; a host without huge pages refuses it up front."""
+    path = campaign(tmp_path, [tiny_model], trials=2)
+    path.write_text(path.read_text().replace("threads: 1", "threads: 1\n  load_mode: none\n  huge_pages: 1"))
+    done = cli("sweep", str(path), "--quiet", cwd=tmp_path, env=env)
+    refusal = huge_pages_refusal()
+    if refusal:
+        assert done.returncode == 2 and f"space.huge_pages: 1 cannot run here: {refusal}" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(tmp_path).trials
+    assert trials and all(t.user_attrs["env"]["knob_environment"] == HUGE_PAGES for t in trials)
+    assert all(t.user_attrs["engine_cmd"][t.user_attrs["engine_cmd"].index("--no-host") + 1] == "1" for t in trials)
+    assert "deployment check passed: llama-server answered /completion" in " ".join(done.stdout.split())
+    server = shlex.split(cli("export", "--study", "e2e", "--format", "server", cwd=tmp_path, env=env).stdout)
+    assert server[:2] == ["env", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"] and server[2].endswith("llama-server")
+    assert "--no-host" in server
+    bench = shlex.split(cli("export", "--study", "e2e", "--format", "bench", cwd=tmp_path, env=env).stdout)
+    assert bench[:2] == server[:2]
+    run = subprocess.run([*bench, "-r", "1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and '"avg_ts"' in run.stdout
 
 
 def test_threads_host_searches_this_machines_core_counts(tmp_path, tiny_model, env):

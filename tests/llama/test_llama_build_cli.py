@@ -12,6 +12,7 @@ import pytest
 from autoinfer.errors import UserError
 from autoinfer.llama.build import build, cached_builds, find_tools, source_identity
 from autoinfer.measure.gpu import list_gpus
+from autoinfer.measure.host import huge_pages_refusal
 
 ENTRY = "import sys; from autoinfer.cli import main; sys.argv[0] = 'autoinfer'; main()"
 
@@ -36,6 +37,9 @@ def test_doctor_lists_the_build_and_the_host(llama_tools):
     assert key in done.stdout and f"selected build: {llama_tools.bin_dir}" in done.stdout.replace("\n", "")
     assert f"{os.cpu_count()} logical" in done.stdout and "GiB total" in done.stdout
     assert "extra: torch" in done.stdout and "GPUs (NVML)" in done.stdout
+    refusal = huge_pages_refusal()
+    said = " ".join(done.stdout.replace("│", " ").split())
+    assert (f"not searched: {' '.join(refusal.split())}" if refusal else "huge_pages: 1 can run here") in said
 
 
 def test_source_that_is_not_llama_cpp_exits_2(tmp_path):

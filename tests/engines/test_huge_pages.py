@@ -1,0 +1,125 @@
+"""`huge_pages` as a campaign knob: validated, spelled as flags and an environment the measured child and the printed
+commands both get, refused where the host has no huge pages, and real: the weights land on huge pages."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from autoinfer.campaign import plan as plans
+from autoinfer.campaign.spec import check_space, parse_campaign
+from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.llama_bench import LlamaBenchEngine
+from autoinfer.engines.llama_common import (
+    HUGE_PAGES,
+    bench_args,
+    child_environment,
+    env_words,
+    knob_environment,
+    server_args,
+)
+from autoinfer.engines.llama_cpp_python import LlamaCppPythonEngine
+from autoinfer.engines.llama_server import LlamaServerEngine
+from autoinfer.errors import UserError
+from autoinfer.measure.host import THP_MODE, huge_pages_refusal
+from autoinfer.measure.process import IsolatedProcess
+from autoinfer.model.synth import cached_model
+
+from .helpers import context, trial
+
+
+def test_the_llama_cpp_tools_take_the_knob_and_the_campaign_checks_its_values():
+    assert "huge_pages" in LlamaBenchEngine.knobs and "huge_pages" in LlamaServerEngine.knobs
+    assert "huge_pages" not in LlamaCppPythonEngine.knobs  # Llama() has no keyword for the host buffer
+    check_space(parse_campaign({"name": "c", "model": "m.gguf", "space": {"huge_pages": [0, 1]}}),
+                LlamaBenchEngine.knobs)
+    with pytest.raises(UserError, match="space.huge_pages: 2 is not valid; give 0 or 1"):
+        check_space(parse_campaign({"name": "c", "model": "m.gguf", "space": {"huge_pages": [0, 2]}}),
+                    LlamaBenchEngine.knobs)
+
+
+def test_on_it_is_no_host_buffer_and_the_glibc_tunable(llama_tools, tiny_model, monkeypatch):
+    on = TrialConfig(tiny_model, load_mode="none", extra=(("huge_pages", 1),))
+    bench = bench_args(on, llama_tools)
+    assert bench[bench.index("--no-host") + 1] == "1"
+    assert "--no-host" in server_args(on, llama_tools)
+    assert knob_environment(on) == HUGE_PAGES == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert env_words(on) == ["env", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+    for off in (TrialConfig(tiny_model), TrialConfig(tiny_model, extra=(("huge_pages", 0),))):
+        assert "--no-host" not in bench_args(off, llama_tools) + server_args(off, llama_tools)
+        assert knob_environment(off) == {} and env_words(off) == []
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # the user's own tunables stay
+    assert child_environment(on, llama_tools)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert child_environment(TrialConfig(tiny_model), llama_tools)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
+def test_the_host_check_names_what_is_missing(tmp_path):
+    mode = tmp_path / "enabled"
+    mode.write_text("always madvise [never]\n")
+    assert huge_pages_refusal(mode, ("glibc", "2.39")) == f"transparent huge pages are off on this host ({mode}: never)"
+    mode.write_text("always [madvise] never\n")
+    assert huge_pages_refusal(mode, ("glibc", "2.39")) is None
+    assert huge_pages_refusal(mode, ("glibc", "2.31")) == ("the C library is glibc 2.31, and glibc.malloc.hugetlb "
+                                                           "needs glibc 2.35")
+    assert "unreadable" in huge_pages_refusal(tmp_path / "missing", ("glibc", "2.39"))
+
+
+def test_a_host_without_them_searches_zero_only_and_refuses_one_alone(monkeypatch):
+    def space(value):
+        return parse_campaign({"name": "c", "model": "m.gguf", "space": {"huge_pages": value}})
+
+    monkeypatch.setattr(plans, "huge_pages_refusal", lambda: "transparent huge pages are off on this host")
+    campaign, note = plans.host_huge_pages(space([0, 1]))
+    assert campaign.space["huge_pages"] == 0
+    assert note == "huge_pages: 0 only: transparent huge pages are off on this host, so 1 would run as 0"
+    with pytest.raises(UserError, match="space.huge_pages: 1 cannot run here: transparent huge pages are off"):
+        plans.host_huge_pages(space(1))
+    assert plans.host_huge_pages(space(0))[1] is None
+    table = parse_campaign({"name": "c", "engine": "replay", "engine_options": {"table": "t.csv"}, "model": "t.csv",
+                            "space": {"huge_pages": [0, 1]}})
+    assert plans.host_huge_pages(table) == (table, None)  # a table's rows say what ran
+    monkeypatch.setattr(plans, "huge_pages_refusal", lambda: None)
+    assert plans.host_huge_pages(space([0, 1]))[1] is None
+
+
+def _huge_mib(argv: list[str], env: dict[str, str]) -> float:
+    """The most of the child's memory on transparent huge pages while it ran (AnonHugePages of smaps_rollup)."""
+    most = 0.0
+    with IsolatedProcess(argv, env=env) as proc:
+        while proc.running:
+            try:
+                text = open(f"/proc/{proc.pid}/smaps_rollup").read()
+            except OSError:
+                break
+            found = re.search(r"^AnonHugePages:\s+(\d+) kB", text, re.M)
+            most = max(most, int(found.group(1)) / 1024 if found else 0.0)
+            time.sleep(0.05)
+        result = proc.stop()
+    assert result.returncode == 0, result.stderr[-2000:]
+    return most
+
+
+def test_the_weights_land_on_huge_pages(llama_tools):
+    refusal = huge_pages_refusal()
+    if refusal:
+        pytest.skip(f"this host cannot show it: {refusal}")
+    model = cached_model("small", "Q8_0")  # 123 MiB of weights: blocks malloc takes from mmap
+    runs = {}
+    for value in (0, 1):
+        config = trial(model, load_mode="none", n_prompt=64, n_gen=16, repetitions=3, extra=(("huge_pages", value),))
+        argv = [str(llama_tools.tool("llama-bench")), *bench_args(config, llama_tools)]
+        runs[value] = _huge_mib(argv, child_environment(config, llama_tools))
+    assert runs[1] >= 32, runs  # most of the weights; the kernel may not find a huge page for every block
+    if "[madvise]" in THP_MODE.read_text():  # `always` gives every large block huge pages, asked or not
+        assert runs[0] < runs[1] / 4, runs
+
+
+def test_llama_bench_runs_with_it_and_records_the_environment(llama_tools, tiny_model, tmp_path):
+    engine = LlamaBenchEngine(llama_bin=llama_tools.bin_dir)
+    m = engine.run(trial(tiny_model, load_mode="none", n_prompt=8, n_gen=4, repetitions=1,
+                         extra=(("huge_pages", 1),)), context(tmp_path))
+    assert m.ok, m.reason
+    assert m.engine_cmd[m.engine_cmd.index("--no-host") + 1] == "1"
+    assert m.env["knob_environment"] == HUGE_PAGES
