@@ -24,6 +24,9 @@
 #       hostknobs (each budget's recommendation in $VSFIT_JSON against its variants in the CPU thread pool's knobs
 #       the campaigns leave at their defaults: --poll, --cpu-strict, --prio, and 14 threads; interleaved,
 #       benchmarks/knob_variants.py),
+#       hugepages (the host buffers of the weights in RAM at the 8 GiB placement: pinned, pageable, pageable on
+#       transparent huge pages (huge_pages=1), mmap; ROUNDS rounds of fresh processes, ~100 s each on an H200,
+#       benchmarks/huge_pages.py),
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
@@ -129,6 +132,11 @@ for step in "$@"; do
           --budget "$budget" ${VARY:---vary poll=0,100 --vary cpu_strict=1 --vary prio=2 --vary threads=14} \
           --rounds "${ROUNDS:-5}"
       done
+      ;;
+    hugepages)
+      python3 benchmarks/huge_pages.py --llama-bin "$LLAMA_BIN" --model "$BIG" --rounds "${ROUNDS:-5}" \
+        --out "$OUT/huge-pages.jsonl"
+      python3 benchmarks/huge_pages.py --summary "$OUT/huge-pages.jsonl"
       ;;
     overhead)
       python3 benchmarks/overhead.py --model "$BIG" --llama-bin "$LLAMA_BIN" --ngl 99 --ncmoe 0,30 --threads 16 \

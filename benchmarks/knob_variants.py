@@ -25,7 +25,7 @@ from answer_config import load_answer
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
-from autoinfer.engines.llama_common import bench_args
+from autoinfer.engines.llama_common import bench_args, env_words
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.measure.stats import compare
 
@@ -76,7 +76,8 @@ def main() -> None:
     except ValueError as exc:  # bad input: one line and exit 2, nothing measured
         print(f"knob_variants.py: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    print("as given: llama-bench " + " ".join(bench_args(configs["as given"])), flush=True)
+    print("as given: " + " ".join([*env_words(configs["as given"]), "llama-bench", *bench_args(configs["as given"])]),
+          flush=True)
     runs = interleave(configs, args.rounds, args.timeout_s)
     given = runs["as given"]
     print(f"\n{args.rounds} rounds, interleaved\n")

@@ -25,7 +25,7 @@ from answer_config import load_answer
 
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
-from autoinfer.engines.llama_common import server_args
+from autoinfer.engines.llama_common import env_words, server_args
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.sweep.deploy import run_check
 
@@ -35,7 +35,7 @@ def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[
     rotated each round."""
     gpus = tuple(measured_gpus())
     bench = base.create("llama-bench")
-    printed = [str(bench.tools.tool("llama-server")), *server_args(config, bench.tools)]
+    printed = [*env_words(config), str(bench.tools.tool("llama-server")), *server_args(config, bench.tools)]
     at = printed.index("-np")
     default_slots = printed[:at] + printed[at + 2:]
 
