@@ -20,7 +20,9 @@ from autoinfer.engines.llama_common import (
     bench_args,
     child_environment,
     classify_failure,
+    huge_pages_metrics,
     knob_environment,
+    wants_huge_pages,
 )
 from autoinfer.measure.process import run_isolated
 
@@ -144,7 +146,8 @@ class LlamaBenchEngine(LlamaToolsEngine):
 
     def run(self, config: TrialConfig, ctx: RunContext) -> Measurement:
         argv = self.command(config)
-        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=child_environment(config, self.tools), gpus=ctx.gpus)
+        res = run_isolated(argv, timeout_s=ctx.timeout_s, env=child_environment(config, self.tools), gpus=ctx.gpus,
+                           huge_pages=wants_huge_pages(config))
         common: dict[str, Any] = dict(
             engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
             vram_peak_mib=res.vram_peak_mib, vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
@@ -158,4 +161,5 @@ class LlamaBenchEngine(LlamaToolsEngine):
             return Measurement(outcome, reason=reason, raw_output=res.stdout, env=run_env,
                                metrics=res.crash.as_metrics() if res.crash else {}, **common)
         m = measurement_from_json(res.stdout, config)
-        return replace(m, env={**run_env, **m.env}, **common)
+        metrics = {**m.metrics, **huge_pages_metrics(config, res.huge_pages_peak_mib)}
+        return replace(m, env={**run_env, **m.env}, metrics=metrics, **common)

@@ -234,7 +234,7 @@ HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 def knob_environment(config: TrialConfig) -> dict[str, str]:
     """The environment variables a configuration sets for llama.cpp: knobs that are not command-line flags."""
-    return dict(HUGE_PAGES) if _on(config.get("huge_pages")) else {}
+    return dict(HUGE_PAGES) if wants_huge_pages(config) else {}
 
 
 def env_words(config: TrialConfig) -> list[str]:
@@ -255,8 +255,16 @@ def child_environment(config: TrialConfig, tools: Any) -> dict[str, str]:
     return env
 
 
-def _on(value: Any) -> bool:
+def wants_huge_pages(config: TrialConfig) -> bool:
+    """huge_pages=1 (HUGE_PAGES): its trials also record how much of the process was on huge pages."""
+    value = config.get("huge_pages")
     return value is not None and bool(int(value))
+
+
+def huge_pages_metrics(config: TrialConfig, peak_mib: float | None) -> dict[str, float | None]:
+    """A trial's `huge_pages_mib` metric where it asked for huge pages: the most of its process on them (None: the
+    process ended before it was read)."""
+    return {"huge_pages_mib": peak_mib} if wants_huge_pages(config) else {}
 
 
 def bench_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
@@ -312,7 +320,7 @@ def bench_args_for(config: TrialConfig, supported: frozenset[str] | None) -> lis
         if isinstance(value, bool):
             value = int(value)
         a.add(flag, value, name=name, default=_BENCH_EXTRA_DEFAULTS[name])
-    if _on(config.get("huge_pages")):
+    if wants_huge_pages(config):
         a.add("--no-host", 1, name="huge_pages", default=0)
     a.argv += ["-o", "json"]
     return a.argv
@@ -371,7 +379,7 @@ def server_args(config: TrialConfig, tools: Any | None = None) -> list[str]:
             raise UserError("this llama-server build has no --no-repack flag, needed for repack=0; build a newer "
                             "llama.cpp (`autoinfer build`) or drop repack from the campaign")
         a.argv.append(flag)
-    if _on(config.get("huge_pages")):  # llama-server spells it as a switch
+    if wants_huge_pages(config):  # llama-server spells it as a switch
         if not a.has("--no-host"):
             raise UserError("this llama-server build has no --no-host flag, needed for huge_pages=1; build a newer "
                             "llama.cpp (`autoinfer build`) or drop huge_pages from the campaign")

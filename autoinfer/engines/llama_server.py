@@ -26,9 +26,11 @@ from autoinfer.engines.llama_common import (
     LlamaToolsEngine,
     child_environment,
     classify_failure,
+    huge_pages_metrics,
     knob_environment,
     server_args,
     slots,
+    wants_huge_pages,
     whole_context,
 )
 from autoinfer.measure.process import IsolatedProcess
@@ -184,7 +186,7 @@ class LlamaServerEngine(LlamaToolsEngine):
                    **({"knob_environment": knobs} if (knobs := knob_environment(config)) else {})}
         deadline = time.monotonic() + ctx.timeout_s
         client = Client(port, deadline)
-        with IsolatedProcess(argv, env=env, gpus=ctx.gpus) as proc:
+        with IsolatedProcess(argv, env=env, gpus=ctx.gpus, huge_pages=wants_huge_pages(config)) as proc:
             try:
                 result = _measure(proc, client, config, ctx)
                 failure = None
@@ -207,7 +209,8 @@ class LlamaServerEngine(LlamaToolsEngine):
                                                    rss_peak_mib=res.rss_peak_mib, crash=res.crash)
             return Measurement(outcome, reason=reason, metrics=res.crash.as_metrics() if res.crash else {},
                                **common)
-        return Measurement(**result, **common)
+        metrics = {**result.pop("metrics"), **huge_pages_metrics(config, res.huge_pages_peak_mib)}
+        return Measurement(**result, metrics=metrics, **common)
 
 
 def wait_healthy(proc: IsolatedProcess, client: Client) -> float:

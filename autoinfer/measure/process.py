@@ -8,6 +8,7 @@ A trial must never outlive its budget or the harness, and its memory peaks decid
 - a sampler thread records RSS of the child tree and its device memory on each measured GPU at `sample_hz`, and
   the kernel's high-water mark of the child's resident memory (VmHWM), so a spike between two samples is not
   missed. (Not wait4's ru_maxrss: it counts the harness's own pages, which the forked child held until exec.)
+  Where asked, it also reads how much of the child is on transparent huge pages: evidence that huge_pages=1 took.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from autoinfer.measure import crash as crashes
 from autoinfer.measure.gpu import DeviceMemoryProbe
 
 _MIB = 1024 * 1024
+HUGE_PAGES_EVERY_S = 0.25  # smaps_rollup walks the page tables: huge pages are read at most this often
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls into it
 
@@ -64,6 +66,7 @@ class ProcessResult:
     vram_method: str | None = None  # "per-process" or "device-minus-baseline"; None without a GPU
     vram_per_gpu_mib: tuple[float, ...] = ()  # peak on each measured GPU; vram_peak_mib is the largest
     crash: crashes.Crash | None = None  # why a child that died of a signal by itself died (not our stop's signal)
+    huge_pages_peak_mib: float | None = None  # the most of the child on transparent huge pages; None unless asked
 
 
 def _set_parent_death_signal(parent: int) -> None:
@@ -110,6 +113,19 @@ def _rss_mib(pids: list[int]) -> float:
     return total / _MIB
 
 
+def _huge_pages_mib(pid: int) -> float | None:
+    """Memory of one process on transparent huge pages (AnonHugePages of smaps_rollup); None once it has exited.
+    The kernel walks the process's page tables to answer, so the sampler reads it every HUGE_PAGES_EVERY_S."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def _high_water_mib(pid: int) -> float | None:
     """Peak resident memory of one process since its exec (VmHWM); None once it has exited."""
     try:
@@ -132,7 +148,7 @@ class IsolatedProcess:
 
     def __init__(self, argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
                  cwd: Path | str | None = None, gpus: Sequence[int] = (), sample_hz: float = 20.0,
-                 term_grace_s: float = 3.0) -> None:
+                 term_grace_s: float = 3.0, huge_pages: bool = False) -> None:
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of arguments, not one string (no shell is used)")
         self.argv = tuple(os.fspath(a) for a in argv)
@@ -152,6 +168,9 @@ class IsolatedProcess:
         self._rss_peak: float | None = None
         self._vram_peaks: list[float | None] = [None] * len(self._gpus)
         self._hwm_peak: float | None = None
+        self._huge_pages = huge_pages
+        self._huge_peak: float | None = None
+        self._huge_read_at = -HUGE_PAGES_EVERY_S
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
         self._started = 0.0
@@ -272,7 +291,7 @@ class IsolatedProcess:
             timed_out=self._timed_out, stdout=stdout, stderr=stderr, wall_s=self._ended - self._started,
             vram_peak_mib=peaks.vram_mib, rss_peak_mib=peaks.rss_mib, samples=tuple(self._samples),
             vram_method=next((p.method for p in self._probes if p.method), None),
-            vram_per_gpu_mib=peaks.vram_per_gpu_mib, crash=crash,
+            vram_per_gpu_mib=peaks.vram_per_gpu_mib, crash=crash, huge_pages_peak_mib=self._huge_peak,
         )
         return self._result
 
@@ -329,6 +348,12 @@ class IsolatedProcess:
         hwm = _high_water_mib(self._proc.pid)
         if hwm is not None:
             self._hwm_peak = max(hwm, self._hwm_peak or 0.0)
+        now = time.monotonic()
+        if self._huge_pages and now - self._huge_read_at >= HUGE_PAGES_EVERY_S:
+            self._huge_read_at = now
+            huge = _huge_pages_mib(self._proc.pid)
+            if huge is not None:
+                self._huge_peak = max(huge, self._huge_peak or 0.0)
         tree = set(pids)
         per_gpu = [probe.read(tree) for probe in self._probes]
         for i, vram in enumerate(per_gpu):
@@ -356,12 +381,12 @@ class IsolatedProcess:
 
 
 def run_isolated(argv: Sequence[str | os.PathLike[str]], *, timeout_s: float, env: Mapping[str, str] | None = None,
-                 cwd: Path | str | None = None, gpus: Sequence[int] = (),
-                 sample_hz: float = 20.0) -> ProcessResult:
+                 cwd: Path | str | None = None, gpus: Sequence[int] = (), sample_hz: float = 20.0,
+                 huge_pages: bool = False) -> ProcessResult:
     """Run `argv` to completion in its own process group; past `timeout_s` the whole group is killed.
 
     Failures of the child are results (returncode, signal, timed_out), never exceptions; only a program that
-    cannot be started at all raises UserError.
+    cannot be started at all raises UserError. `huge_pages`: also record how much of it was on huge pages.
     """
-    with IsolatedProcess(argv, env=env, cwd=cwd, gpus=gpus, sample_hz=sample_hz) as proc:
+    with IsolatedProcess(argv, env=env, cwd=cwd, gpus=gpus, sample_hz=sample_hz, huge_pages=huge_pages) as proc:
         return proc.run_to_end(timeout_s)

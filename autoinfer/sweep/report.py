@@ -124,6 +124,9 @@ def _speed(rec: Recommendation) -> str:
 def _memory(t: TrialRecord) -> str:
     vram, rss = t.vram_peak_mib, t.rss_peak_mib
     parts = [f"{name} {value:.0f} MiB" for name, value in (("VRAM", vram), ("RSS", rss)) if value]
+    if "huge_pages_mib" in t.metrics:  # it asked for them: say whether it got them
+        huge = t.metrics["huge_pages_mib"]
+        parts.append("huge pages not read" if huge is None else f"{huge:.0f} MiB of it on huge pages")
     return ", ".join(parts) or "not measured"
 
 

@@ -128,6 +128,8 @@ def test_huge_pages_run_measured_printed_and_deployed_with_their_environment(tmp
     trials = study_of(tmp_path).trials
     assert trials and all(t.user_attrs["env"]["knob_environment"] == HUGE_PAGES for t in trials)
     assert all(t.user_attrs["engine_cmd"][t.user_attrs["engine_cmd"].index("--no-host") + 1] == "1" for t in trials)
+    assert all(t.user_attrs["metrics"]["huge_pages_mib"] is not None for t in trials)
+    assert "MiB of it on huge pages" in done.stdout  # the recommendation says whether it got them
     assert "deployment check passed: llama-server answered /completion" in " ".join(done.stdout.split())
     server = shlex.split(cli("export", "--study", "e2e", "--format", "server", cwd=tmp_path, env=env).stdout)
     assert server[:2] == ["env", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"] and server[2].endswith("llama-server")

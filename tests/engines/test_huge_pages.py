@@ -3,9 +3,6 @@ commands both get, refused where the host has no huge pages, and real: the weigh
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 
 from autoinfer.campaign import plan as plans
@@ -24,7 +21,7 @@ from autoinfer.engines.llama_cpp_python import LlamaCppPythonEngine
 from autoinfer.engines.llama_server import LlamaServerEngine
 from autoinfer.errors import UserError
 from autoinfer.measure.host import THP_MODE, huge_pages_refusal
-from autoinfer.measure.process import IsolatedProcess
+from autoinfer.measure.process import run_isolated
 from autoinfer.model.synth import cached_model
 
 from .helpers import context, trial
@@ -84,34 +81,22 @@ def test_a_host_without_them_searches_zero_only_and_refuses_one_alone(monkeypatc
     assert plans.host_huge_pages(space([0, 1]))[1] is None
 
 
-def _huge_mib(argv: list[str], env: dict[str, str]) -> float:
-    """The most of the child's memory on transparent huge pages while it ran (AnonHugePages of smaps_rollup)."""
-    most = 0.0
-    with IsolatedProcess(argv, env=env) as proc:
-        while proc.running:
-            try:
-                text = open(f"/proc/{proc.pid}/smaps_rollup").read()
-            except OSError:
-                break
-            found = re.search(r"^AnonHugePages:\s+(\d+) kB", text, re.M)
-            most = max(most, int(found.group(1)) / 1024 if found else 0.0)
-            time.sleep(0.05)
-        result = proc.stop()
-    assert result.returncode == 0, result.stderr[-2000:]
-    return most
-
-
-def test_the_weights_land_on_huge_pages(llama_tools):
+def test_the_weights_land_on_huge_pages_and_the_trial_says_how_much(llama_tools, tmp_path):
     refusal = huge_pages_refusal()
     if refusal:
         pytest.skip(f"this host cannot show it: {refusal}")
     model = cached_model("small", "Q8_0")  # 123 MiB of weights: blocks malloc takes from mmap
+    engine = LlamaBenchEngine(llama_bin=llama_tools.bin_dir)
     runs = {}
     for value in (0, 1):
         config = trial(model, load_mode="none", n_prompt=64, n_gen=16, repetitions=3, extra=(("huge_pages", value),))
         argv = [str(llama_tools.tool("llama-bench")), *bench_args(config, llama_tools)]
-        runs[value] = _huge_mib(argv, child_environment(config, llama_tools))
-    assert runs[1] >= 32, runs  # most of the weights; the kernel may not find a huge page for every block
+        runs[value] = run_isolated(argv, timeout_s=120, env=child_environment(config, llama_tools),
+                                   huge_pages=True).huge_pages_peak_mib
+        m = engine.run(config, context(tmp_path))
+        assert m.ok, m.reason
+        assert ("huge_pages_mib" in m.metrics) == bool(value)  # asked for: recorded
+    assert runs[1] >= 32 and m.metrics["huge_pages_mib"] >= 32, (runs, m.metrics)  # most of the weights
     if "[madvise]" in THP_MODE.read_text():  # `always` gives every large block huge pages, asked or not
         assert runs[0] < runs[1] / 4, runs
 
@@ -123,3 +108,12 @@ def test_llama_bench_runs_with_it_and_records_the_environment(llama_tools, tiny_
     assert m.ok, m.reason
     assert m.engine_cmd[m.engine_cmd.index("--no-host") + 1] == "1"
     assert m.env["knob_environment"] == HUGE_PAGES
+
+
+def test_llama_server_runs_with_it_and_records_its_huge_pages(llama_tools, chat_model, tmp_path):
+    engine = LlamaServerEngine(llama_bin=llama_tools.bin_dir)
+    m = engine.run(trial(chat_model, load_mode="none", n_prompt=8, n_gen=4, repetitions=1,
+                         extra=(("huge_pages", 1),)), context(tmp_path))
+    assert m.ok, m.reason
+    assert "--no-host" in m.engine_cmd and m.env["knob_environment"] == HUGE_PAGES
+    assert m.metrics["huge_pages_mib"] is not None  # read while it served (a tiny model may hold none of them)
