@@ -116,8 +116,8 @@ THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 def huge_pages_refusal(mode_file: Path = THP_MODE, libc: tuple[str, str] | None = None) -> str | None:
     """Why malloc gets no transparent huge pages on this host (engines.llama_common.HUGE_PAGES asks glibc for them),
-    None where it does: the kernel's THP mode must be `madvise` or `always`, and the C library glibc 2.35 or later,
-    which ignores a tunable it does not know."""
+    None where it does: the kernel's THP mode must be `madvise` or `always`, and the C library glibc 2.35 or later
+    (an older glibc ignores the tunable, and the trials would run without huge pages)."""
     try:
         mode = re.search(r"\[(\w+)\]", mode_file.read_text())
     except OSError:
