@@ -21,7 +21,6 @@ from autoinfer.engines.llama_common import (
     child_environment,
     classify_failure,
     huge_pages_metrics,
-    knob_environment,
     wants_huge_pages,
 )
 from autoinfer.measure.process import run_isolated
@@ -152,9 +151,7 @@ class LlamaBenchEngine(LlamaToolsEngine):
             engine_cmd=tuple(argv), wall_s=res.wall_s, stdout=res.stdout, stderr=res.stderr,
             vram_peak_mib=res.vram_peak_mib, vram_per_gpu_mib=res.vram_per_gpu_mib, rss_peak_mib=res.rss_peak_mib,
         )
-        run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
-                   "bin_dir": str(self.tools.bin_dir), "vram_method": res.vram_method,
-                   **({"knob_environment": env} if (env := knob_environment(config)) else {})}
+        run_env = {**self.run_env(config), "vram_method": res.vram_method}
         if res.returncode != 0 or res.timed_out:
             outcome, reason = classify_failure(res.returncode, res.signal, res.timed_out, res.stderr,
                                                rss_peak_mib=res.rss_peak_mib, crash=res.crash)

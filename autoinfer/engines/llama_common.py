@@ -153,6 +153,12 @@ class LlamaToolsEngine(Engine):
     def check(self) -> None:
         self.tools.tool(self.binary)
 
+    def run_env(self, config: TrialConfig) -> dict[str, Any]:
+        """What a trial records of how it ran: the build, and the environment its knobs set (knob_environment)."""
+        knobs = knob_environment(config)
+        return {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda, "bin_dir": str(self.tools.bin_dir),
+                **({"knob_environment": knobs} if knobs else {})}
+
     def decisions(self) -> tuple[Decision, ...]:
         """Repack off on a build whose smoke run crashed with weight repacking on."""
         if self.tools.repack_off and "repack" in self.knobs:

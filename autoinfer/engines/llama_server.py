@@ -27,7 +27,6 @@ from autoinfer.engines.llama_common import (
     child_environment,
     classify_failure,
     huge_pages_metrics,
-    knob_environment,
     server_args,
     slots,
     wants_huge_pages,
@@ -181,9 +180,7 @@ class LlamaServerEngine(LlamaToolsEngine):
         port = free_port()
         argv = self.command(config, port)
         env = child_environment(config, self.tools)
-        run_env = {"tools_commit": self.tools.commit, "tools_cuda": self.tools.cuda,
-                   "bin_dir": str(self.tools.bin_dir), "port": port,
-                   **({"knob_environment": knobs} if (knobs := knob_environment(config)) else {})}
+        run_env = {**self.run_env(config), "port": port}
         deadline = time.monotonic() + ctx.timeout_s
         client = Client(port, deadline)
         with IsolatedProcess(argv, env=env, gpus=ctx.gpus, huge_pages=wants_huge_pages(config)) as proc:

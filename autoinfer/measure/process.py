@@ -113,29 +113,27 @@ def _rss_mib(pids: list[int]) -> float:
     return total / _MIB
 
 
-def _huge_pages_mib(pid: int) -> float | None:
-    """Memory of one process on transparent huge pages (AnonHugePages of smaps_rollup); None once it has exited.
-    The kernel walks the process's page tables to answer, so the sampler reads it every HUGE_PAGES_EVERY_S."""
+def _proc_mib(pid: int, name: str, field: str) -> float | None:
+    """One `FIELD: N kB` line of /proc/<pid>/<name>, in MiB; None once the process has exited."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
+        with open(f"/proc/{pid}/{name}") as fh:
             for line in fh:
-                if line.startswith("AnonHugePages:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
+
+
+def _huge_pages_mib(pid: int) -> float | None:
+    """Memory of one process on transparent huge pages (AnonHugePages of smaps_rollup). The kernel walks the
+    process's page tables to answer, so the sampler reads it every HUGE_PAGES_EVERY_S."""
+    return _proc_mib(pid, "smaps_rollup", "AnonHugePages")
 
 
 def _high_water_mib(pid: int) -> float | None:
-    """Peak resident memory of one process since its exec (VmHWM); None once it has exited."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    """Peak resident memory of one process since its exec (VmHWM)."""
+    return _proc_mib(pid, "status", "VmHWM")
 
 
 class IsolatedProcess:
