@@ -45,12 +45,13 @@ def plan(campaign: Campaign, *, trials: int | None = None, wall_s: float | None 
     engine = base.create(campaign.engine, **campaign.engine_options)
     check_space(campaign, engine.knobs)
     campaign, pages = host_huge_pages(campaign)
+    mapped = huge_pages_on_mapped_weights(engine, campaign)
     dists = distributions(campaign)
     if base.capabilities(campaign.engine).host_measurement:  # a table's peaks need no GPU here
         check_vram_budget(campaign)
     engine.check()
     decisions = imposed_settings(engine, campaign)
-    notes = tuple(n for n in [threads, pages, batches_run_smaller(engine, campaign)] if n)
+    notes = tuple(n for n in [threads, pages, mapped, batches_run_smaller(engine, campaign)] if n)
     for note in notes:
         Console(stderr=True).print(f"decision: {note}", markup=False, soft_wrap=True)
     return CampaignPlan(campaign, engine, dists, engine.resolve_models(campaign.model), decisions, notes)
@@ -91,6 +92,27 @@ def host_huge_pages(campaign: Campaign) -> tuple[Campaign, str | None]:
         raise UserError(f"space.huge_pages: 1 cannot run here: {refusal}; set huge_pages: 0 or drop it")
     note = f"huge_pages: 0 only: {refusal}, so 1 would run as 0"
     return campaign.model_copy(update={"space": {**campaign.space, "huge_pages": 0}}), note
+
+
+def huge_pages_on_mapped_weights(engine: Engine, campaign: Campaign) -> str | None:
+    """Which load modes of the space run huge_pages 1 as 0 here (Engine.as_run: llama.cpp keeps mapped weights as the
+    file's pages, which huge pages do not move), in words: such configurations are measured once, as 0. A space whose
+    every load mode does so for every huge_pages value it asks is refused: the knob could never act. None when 1 is
+    not asked or acts with every load mode."""
+    pages = allowed(campaign, "huge_pages") or []
+    if not any(v not in (0, False) for v in pages):
+        return None
+    asked = TrialConfig.from_params({**campaign.fixed(), "model": "-", "huge_pages": 1})
+    modes = allowed(campaign, "load_mode") or [asked.load_mode]
+    mapped = [m for m in modes if not engine.as_run(asked.with_(load_mode=m)).get("huge_pages")]
+    if not mapped:
+        return None
+    if len(mapped) == len(modes) and all(v not in (0, False) for v in pages):
+        raise UserError(f"space.huge_pages: 1 does nothing with load_mode {', '.join(mapped)}: llama.cpp keeps the "
+                        "weights in RAM as the model file's mapped pages there; add load_mode: none")
+    return (f"huge_pages 1 with load_mode {', '.join(mapped)} runs as 0: llama.cpp keeps the weights in RAM as the "
+            "model file's mapped pages there, which huge pages do not move, so such configurations are measured once, "
+            "as 0")
 
 
 def batches_run_smaller(engine: Engine, campaign: Campaign) -> str | None:

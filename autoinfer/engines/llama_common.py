@@ -190,6 +190,16 @@ class LlamaToolsEngine(Engine):
     def preferred_values(self, device_budget: bool) -> dict[str, Any]:
         return llama_preferred_values(device_budget)
 
+    def as_run(self, config: TrialConfig) -> TrialConfig:
+        """Engine.as_run, and huge_pages=1 with a load mode that maps the file (MAPPED_LOAD_MODES) as 0: llama.cpp
+        then keeps the weights in RAM as the file's pages and never in a host buffer (llama-model-loader: "avoid using
+        a host buffer when using mmap"), so neither `--no-host` nor the tunable moves them; such a configuration is
+        measured once, as what runs."""
+        config = super().as_run(config)
+        if wants_huge_pages(config) and config.load_mode in MAPPED_LOAD_MODES:
+            return config.with_(extra=tuple((k, 0 if k == "huge_pages" else v) for k, v in config.extra))
+        return config
+
     def refusal(self, config: TrialConfig) -> str | None:
         """Why llama.cpp would refuse this configuration at context creation, known without running it."""
         if config.flash_attn == "off" and config.type_v not in ("f16", "bf16", "f32"):
@@ -236,6 +246,8 @@ _BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "del
 #: as with mmap, 0.20x pinned (benchmarks/results/huge-pages.md). With mmap the weights are the file's pages,
 #: which this does not change.
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+#: Load modes whose weights in RAM are the model file's mapped pages, which huge_pages does not touch.
+MAPPED_LOAD_MODES = frozenset({"mmap", "mmap+mlock"})
 
 
 def knob_environment(config: TrialConfig) -> dict[str, str]:

@@ -91,10 +91,10 @@ from autoinfer.store.trials import Store, record_of, write_trial
 GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
 # splits decide which GPU holds which experts: 77-89 tok/s at the same bytes on two H200s,
-# benchmarks/results/multi-gpu-h200x2.md; the load mode decides pinned buffers and so the prompt's copy speed; ubatch
-# the prompt's batching).
-KNOB_ORDER = ("threads", "expert_split", "tensor_split", "load_mode", "ubatch", "placement", "type_k", "type_v",
-              "flash_attn", "batch", "repack", "model")
+# benchmarks/results/multi-gpu-h200x2.md; the load mode decides pinned buffers and so the prompt's copy speed, huge
+# pages how fast a decode step reads the experts in RAM, 1.22x pinned's on an H200 host; ubatch the prompt's batching).
+KNOB_ORDER = ("threads", "expert_split", "tensor_split", "load_mode", "huge_pages", "ubatch", "placement", "type_k",
+              "type_v", "flash_attn", "batch", "repack", "model")
 PATTERN_PREFERENCE = ("last", "first", "even")  # llama.cpp's own fit leaves the last layers' experts in RAM
 MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 # A decode step is one token: these size the prompt's batches (and the compute buffers, hence the placement), not the
@@ -102,7 +102,7 @@ MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 # +0.9 ± 5.5%, benchmarks/table_structure.py). For a decode-only objective their moves come after the others unless
 # the memory they free is predicted to buy a faster placement.
 PROMPT_ONLY = frozenset({"batch", "ubatch"})
-DEVICE_NEUTRAL = frozenset({"load_mode", "repack"})  # change host buffers, not the GPU's
+DEVICE_NEUTRAL = frozenset({"load_mode", "huge_pages", "repack"})  # change host buffers, not the GPU's
 BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next trial bisects instead
 PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
 PROBE_ERRORS = 2  # calibrated predictions measured before their errors, not PROBE, size the probe

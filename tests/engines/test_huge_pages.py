@@ -81,6 +81,31 @@ def test_a_host_without_them_searches_zero_only_and_refuses_one_alone(monkeypatc
     assert plans.host_huge_pages(space([0, 1]))[1] is None
 
 
+def test_with_mapped_weights_it_runs_as_off_once_and_the_plan_says_so(tiny_model):
+    """llama.cpp keeps mmap'd weights as the file's pages, never in a host buffer: huge_pages 1 there runs as 0, one
+    command, so the search measures it once; a space where it could never act is refused."""
+    engines = (LlamaBenchEngine(), LlamaServerEngine())
+    for engine in engines:
+        for mode in ("mmap", "mmap+mlock"):
+            on = engine.as_run(TrialConfig(tiny_model, load_mode=mode, extra=(("huge_pages", 1),)))
+            assert on == engine.as_run(TrialConfig(tiny_model, load_mode=mode, extra=(("huge_pages", 0),)))
+        for mode in ("none", "mlock"):
+            asked = TrialConfig(tiny_model, load_mode=mode, extra=(("huge_pages", 1),))
+            assert engine.as_run(asked).get("huge_pages") == 1
+    assert "--no-host" not in bench_args(engines[0].as_run(TrialConfig(tiny_model, extra=(("huge_pages", 1),))))
+
+    def space(**knobs):
+        return parse_campaign({"name": "c", "model": "m.gguf", "space": knobs})
+
+    note = plans.huge_pages_on_mapped_weights(engines[0], space(huge_pages=[0, 1], load_mode=["none", "mmap"]))
+    assert note.startswith("huge_pages 1 with load_mode mmap runs as 0: ")
+    assert plans.huge_pages_on_mapped_weights(engines[0], space(huge_pages=[0, 1], load_mode="none")) is None
+    assert plans.huge_pages_on_mapped_weights(engines[0], space(load_mode=["none", "mmap"])) is None
+    assert "mmap runs as 0" in plans.huge_pages_on_mapped_weights(engines[0], space(huge_pages=[0, 1]))
+    with pytest.raises(UserError, match="space.huge_pages: 1 does nothing with load_mode mmap: .*add load_mode: none"):
+        plans.huge_pages_on_mapped_weights(engines[0], space(huge_pages=1))
+
+
 def test_the_weights_land_on_huge_pages_and_the_trial_says_how_much(llama_tools, tmp_path):
     refusal = huge_pages_refusal()
     if refusal:

@@ -106,10 +106,10 @@ def test_fit_params_tensor_split_keeps_the_trials_placement(tiny_model, llama_to
     assert config.get("tensor_split") == "17/24"
 
 
-@pytest.mark.parametrize("constraint, mib, expected", [("vram_mib", BUDGET, "none"), ("ram_mib", 65536, "mmap")])
+@pytest.mark.parametrize("constraint, mib, expected", [("vram_mib", BUDGET, ("none", 1)), ("ram_mib", 65536, ("mmap", 0))])
 def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, mib, expected):
-    """On a memory-of-the-GPU budget the informed start loads without mmap (pinned host weights for op offload);
-    on a host budget it keeps llama.cpp's default."""
+    """On a memory-of-the-GPU budget the informed start loads without mmap, onto huge pages (a decode step reads the
+    host's experts faster there); on a host budget it keeps llama.cpp's defaults."""
     import optuna
 
     from autoinfer.campaign.space import distributions
@@ -120,6 +120,7 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
 
     spec = _campaign(planted)
     spec["space"]["load_mode"] = ["mmap", "none"]
+    spec["space"]["huge_pages"] = [0, 1]
     spec["constraints"] = {constraint: mib}
     campaign = parse_campaign(spec)
     ctx = SearchContext.create(campaign, base.create("replay", table=str(planted)), {str(planted): str(planted)})
@@ -127,7 +128,7 @@ def test_a_gpu_campaigns_informed_trials_load_without_mmap(planted, constraint, 
     start = InformedStart(ctx, MemoryScreen.create(ctx), distributions(campaign))
     assert start.enqueue(study, distributions(campaign)) >= 2
     queued = study.get_trials(deepcopy=False)
-    assert {t.system_attrs["fixed_params"]["load_mode"] for t in queued} == {expected}
+    assert {tuple(t.system_attrs["fixed_params"][k] for k in ("load_mode", "huge_pages")) for t in queued} == {expected}
 
 
 def test_an_engine_that_places_its_own_memory_gets_no_llama_cpp_memory_model(tiny_model):
