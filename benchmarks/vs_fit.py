@@ -180,15 +180,26 @@ def ceiling(model: Path, config: TrialConfig, host_gbps: float, gpu_gbps: float)
             "tg_ceiling": round(1 / seconds, 1)}
 
 
+def sweep_records(work: Path, study: str) -> list:
+    """The trial records of one budget's sweep."""
+    os.environ["AUTOINFER_RESULTS"] = str(work / "results")
+    return Store(load_study(study, None)).records()
+
+
 def sweep_observations(work: Path, studies: list[str]) -> list[tuple[TrialConfig, float]]:
     """(configuration, tg median) of every successful feasible trial of the sweeps."""
-    os.environ["AUTOINFER_RESULTS"] = str(work / "results")
-    out = []
-    for name in studies:
-        for t in Store(load_study(name, None)).records():
-            if t.is_feasible_ok and t.samples("tg"):
-                out.append((t.trial_config, float(np.median(t.samples("tg")))))
-    return out
+    return [(t.trial_config, float(np.median(t.samples("tg"))))
+            for name in studies for t in sweep_records(work, name) if t.is_feasible_ok and t.samples("tg")]
+
+
+def trial_summary(t) -> dict:
+    """One sweep trial as the evidence keeps it: what ran (huge pages as run, and how much of the process got them),
+    its medians and peaks, and why the search chose it."""
+    median = {kind: float(np.median(t.samples(kind))) if t.samples(kind) else None for kind in ("tg", "pp")}
+    return {"number": t.number, "state": t.state.name, "outcome": t.outcome, "feasible": t.is_feasible_ok,
+            "params": t.shown_params, "tg_median": median["tg"], "pp_median": median["pp"],
+            "vram_peak_mib": t.vram_peak_mib, "rss_peak_mib": t.rss_peak_mib,
+            "huge_pages_mib": t.metrics.get("huge_pages_mib"), "search_reason": t.search_reason, "reason": t.reason}
 
 
 def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
@@ -288,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                         "sweep_output": sweep_output.splitlines(),
+                        "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")],
                         "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
         observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved

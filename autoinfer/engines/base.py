@@ -128,6 +128,10 @@ class RunContext:
     on_first_sample: Callable[[float], bool] | None = None  # returns True to cut a hopeless trial short
 
 
+AS_RUN_KEYS = ("batch", "ubatch", "huge_pages")
+"""The knobs an engine's as_run may change: where it does, the trial's record shows the value that ran."""
+
+
 class Engine(ABC):
     """An engine plugin: implementations live in autoinfer/engines/<name>.py, subclass this and register below.
     Every capability the loop and the search use is declared here with its default; an engine overrides what

@@ -18,7 +18,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autoinfer.engines.base import Decision, Outcome, TrialConfig
+from autoinfer.engines.base import AS_RUN_KEYS, Decision, Outcome, TrialConfig
 from autoinfer.model.placement import PLACEMENT_KEYS
 
 
@@ -245,11 +245,11 @@ class TrialRecord:
 
     @property
     def shown_params(self) -> dict[str, Any]:
-        """The parameters as they ran, for people: batch and ubatch as llama.cpp ran them (Engine.as_run), and a trial
-        running llama-fit-params' raw overrides names them in place of the placement parameters it carries only to be
-        a point of the space (search/fit_baseline.py)."""
+        """The parameters as they ran, for people: the knobs Engine.as_run may change (AS_RUN_KEYS) as llama.cpp ran
+        them, and a trial running llama-fit-params' raw overrides names them in place of the placement parameters it
+        carries only to be a point of the space (search/fit_baseline.py)."""
         ran = self.config or {}
-        params = {**self.params, **{k: ran[k] for k in ("batch", "ubatch") if k in self.params and k in ran}}
+        params = {**self.params, **{k: ran[k] for k in AS_RUN_KEYS if k in self.params and k in ran}}
         if self.fit_override_tensors is None:
             return params
         kept = {k: v for k, v in params.items() if k not in (*PLACEMENT_KEYS, "n_cpu_moe", "tensor_split")}

@@ -4,6 +4,7 @@ commands both get, refused where the host has no huge pages, and real: the weigh
 from __future__ import annotations
 
 import pytest
+from optuna.trial import TrialState
 
 from autoinfer.campaign import plan as plans
 from autoinfer.campaign.spec import check_space, parse_campaign
@@ -23,6 +24,7 @@ from autoinfer.errors import UserError
 from autoinfer.measure.host import THP_MODE, huge_pages_refusal
 from autoinfer.measure.process import run_isolated
 from autoinfer.model.synth import cached_model
+from autoinfer.store.records import TrialRecord
 
 from .helpers import context, trial
 
@@ -93,6 +95,10 @@ def test_with_mapped_weights_it_runs_as_off_once_and_the_plan_says_so(tiny_model
             asked = TrialConfig(tiny_model, load_mode=mode, extra=(("huge_pages", 1),))
             assert engine.as_run(asked).get("huge_pages") == 1
     assert "--no-host" not in bench_args(engines[0].as_run(TrialConfig(tiny_model, extra=(("huge_pages", 1),))))
+    ran = engines[0].as_run(TrialConfig(tiny_model, load_mode="mmap", extra=(("huge_pages", 1),)))
+    shown = TrialRecord(0, TrialState.COMPLETE, params={"load_mode": "mmap", "huge_pages": 1},
+                        config=ran.to_params()).shown_params
+    assert shown == {"load_mode": "mmap", "huge_pages": 0}  # the recommendation line names what ran
 
     def space(**knobs):
         return parse_campaign({"name": "c", "model": "m.gguf", "space": knobs})

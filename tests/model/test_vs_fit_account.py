@@ -47,3 +47,23 @@ def test_measurements_of_one_placement_leave_the_host_cost_unidentified(monkeypa
     assert data["8192-fit"]["fewer_host_bytes"] is None
     assert any("too alike to tell the host's cost" in line for line in lines)
     assert lines[-1].endswith("| not identified |")
+
+
+def test_the_evidence_keeps_each_sweep_trial_as_it_ran(monkeypatch, tiny_model):
+    """A vs-fit record names every sweep trial with the huge pages that ran and how much of the process got them, so
+    the evidence says which huge-pages configurations were measured."""
+    from optuna.trial import TrialState
+
+    from autoinfer.store.records import TrialRecord
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import trial_summary
+
+    ran = TrialConfig(tiny_model, load_mode="none", extra=(("huge_pages", 1),))
+    t = TrialRecord(4, TrialState.COMPLETE, values=(10.0,), params={"load_mode": "none", "huge_pages": 1},
+                    config=ran.to_params(), outcome="ok", tg_samples=(9.0, 11.0, 10.5), pp_samples=(100.0,),
+                    vram_peak_mib=8000.0, metrics={"huge_pages_mib": 3798.0}, search_reason="a move")
+    summary = trial_summary(t)
+    assert summary["params"] == {"load_mode": "none", "huge_pages": 1} and summary["huge_pages_mib"] == 3798.0
+    assert (summary["tg_median"], summary["pp_median"], summary["number"]) == (10.5, 100.0, 4)
+    assert summary["feasible"] and summary["state"] == "COMPLETE"
