@@ -23,7 +23,9 @@ Per budget:
    tg it gives each answer's placement, and how much faster a placement would be that kept 5% fewer expert bytes on
    the CPU, which no placement within the same budget can (the GPU is full at the boundary). Measurements whose host
    bytes are too alike (one budget's sweep) cannot tell the host's cost from the GPU's: the account says so and
-   leaves that column out.
+   leaves that column out. Where it can tell, it says what room placement has left at fit's answer: the gain if the
+   budget's slack at fit's measured peak held more host-read weights, and the VRAM beyond the budget a 1.15x faster
+   placement would need.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
 # The account asks what 5% fewer host bytes would give: a slope read from measurements with a few % of tg noise, so
 # they must read host bytes that differ by several times that (the sweeps of one budget end on one placement).
 HOST_SPAN = 0.2
+TARGET = 1.15  # the generation speed-up over fit the comparison is held to
+MIB, GB = 2 ** 20, 1e9
 
 
 def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
@@ -193,19 +197,40 @@ def sweep_observations(work: Path, studies: list[str]) -> list[tuple[TrialConfig
 
 
 def trial_summary(t) -> dict:
-    """One sweep trial as the evidence keeps it: what ran (huge pages as run, and how much of the process got them),
-    its medians and peaks, and why the search chose it."""
+    """One sweep trial as the evidence keeps it: what ran (huge pages as run, and how much of the process got them;
+    the whole configuration, so the measured account can be fitted again from the file), its medians and peaks, and
+    why the search chose it."""
     median = {kind: float(np.median(t.samples(kind))) if t.samples(kind) else None for kind in ("tg", "pp")}
     return {"number": t.number, "state": t.state.name, "outcome": t.outcome, "feasible": t.is_feasible_ok,
-            "params": t.shown_params, "tg_median": median["tg"], "pp_median": median["pp"],
-            "vram_peak_mib": t.vram_peak_mib, "rss_peak_mib": t.rss_peak_mib,
+            "params": t.shown_params, "config": dict(t.config or {}), "tg_median": median["tg"],
+            "pp_median": median["pp"], "vram_peak_mib": t.vram_peak_mib, "rss_peak_mib": t.rss_peak_mib,
             "huge_pages_mib": t.metrics.get("huge_pages_mib"), "search_reason": t.search_reason, "reason": t.reason}
 
 
+def placement_room(coef: np.ndarray, f, slack_mib: float, target: float) -> tuple[float, float | None]:
+    """What placement could still give fit's answer by the fitted model: the tg gain if the budget's slack at its
+    measured peak held more of the weights it reads on the host, and the VRAM beyond that slack a `target`× faster
+    placement would need (None: not even with every weight on the GPU). Moving one GB that a token reads saves the
+    host's cost per GB at its threads less the GPU's; a GB resident on the host is read cpu_gb / cpu_total_gb per
+    token (the active experts' share)."""
+    terms = dict(zip(TG_TERMS, coef))
+    saved = (terms["cpu_s_per_gb"] + terms["cpu_thread_s_per_gb"] / f.threads
+             + terms["cpu_sync_s_per_gb_thread"] * f.threads - terms["gpu_s_per_gb"])
+    seconds = 1 / float(predict(coef, f.tg_row()[None])[0])
+    read_share = f.cpu_gb / f.cpu_total_gb
+    moved = min(slack_mib * MIB / GB * read_share, f.cpu_gb)  # the slack may hold more than the host has
+    filled = float(seconds / (seconds - saved * moved) - 1)
+    needed_gb = (seconds - seconds / target) / saved if saved > 0 else float("inf")
+    if needed_gb > f.cpu_gb:
+        return filled, None
+    return filled, float(needed_gb / read_share * GB / MIB - slack_mib)
+
+
 def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
-                     answers: dict[float, dict[str, TrialConfig]]) -> tuple[list[str], dict]:
-    """The performance model fitted to this host's measurements; per budget the tg it gives each answer and the gain
-    5% fewer CPU-side expert bytes would bring."""
+                     answers: dict[float, dict[str, TrialConfig]],
+                     fit_peaks: dict[float, float]) -> tuple[list[str], dict]:
+    """The performance model fitted to this host's measurements; per budget the tg it gives each answer, the gain
+    5% fewer CPU-side expert bytes would bring, and what room placement has left at fit's answer (placement_room)."""
     shape = shape_from_gguf(model)
     features = [features_of(shape, config) for config, _ in observations]
     rows = np.array([f.tg_row() for f in features])
@@ -236,6 +261,20 @@ def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
             lines.append(f"| {budget:.0f} | {side} | {f.cpu_gb:.3f} | {measured:.1f} | {model_tg:.1f} | {gain} |")
             data[f"{budget:.0f}-{side}"] = {"cpu_gb": f.cpu_gb, "measured": measured, "model": model_tg,
                                             "fewer_host_bytes": fewer if identified else None}
+    if not identified:
+        return lines, data
+    lines += ["", f"What placement could still give fit's answer, by this model: its tg with the budget's slack at "
+              f"its measured peak filled with weights it reads on the host, and the VRAM beyond that slack a "
+              f"{TARGET}x faster placement would need.", "",
+              "| budget MiB | fit peak MiB | slack MiB | model tg gain, slack filled | "
+              f"VRAM beyond the budget for {TARGET}x |", "|---|---|---|---|---|"]
+    for budget, sides in answers.items():
+        slack = budget - fit_peaks[budget]
+        filled, beyond = placement_room(coef, features_of(shape, sides["fit"][0]), slack, TARGET)
+        more = ("unreachable: more than every weight on the GPU" if beyond is None
+                else "none: the slack holds it" if beyond <= 0 else f"{beyond:.0f} MiB")
+        lines.append(f"| {budget:.0f} | {fit_peaks[budget]:.0f} | {slack:.0f} | {filled:+.1%} | {more} |")
+        data[f"{budget:.0f}-fit"] |= {"slack_mib": slack, "slack_filled_gain": filled, "vram_beyond_for_target": beyond}
     return lines, data
 
 
@@ -267,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, accounts, records, account = [], [], [], []
     interleaved: list[tuple[TrialConfig, float]] = []
     answers: dict[float, dict[str, tuple[TrialConfig, float]]] = {}
+    fit_peaks: dict[float, float] = {}
     gpu_gbps = gpu_copy_gbps()
     for budget in (float(b) for b in args.budgets.split(",")):
         started = time.monotonic()
@@ -303,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                         "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
         observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved
-        account, records[-1]["measured_account"] = measured_account(args.model.resolve(), observations, answers)
+        fit_peaks[budget] = peak["fit"]
+        account, records[-1]["measured_account"] = measured_account(args.model.resolve(), observations, answers,
+                                                                    fit_peaks)
         log("\n".join(account))
         write(args, rows, accounts, account, lines, records)  # after every budget: a run cut short keeps its results
     return 0

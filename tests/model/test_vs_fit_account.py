@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from autoinfer.engines.base import TrialConfig
 from autoinfer.model.performance import features_of
 from autoinfer.model.shape import shape_from_gguf
@@ -31,7 +34,7 @@ def _account(monkeypatch, model: Path, layer_counts: list[int]):
             f = features_of(shape, config)
             observations.append((config, 1 / (0.02 * f.cpu_gb + 0.004 * f.gpu_gb + 1e-4)))
     answers = {8192.0: {"fit": observations[-1]}}  # the most experts in RAM
-    return measured_account(model, observations, answers)
+    return measured_account(model, observations, answers, {8192.0: 8191.0})
 
 
 def test_the_host_cost_is_read_where_the_measurements_span_host_bytes(monkeypatch, tiny_model):
@@ -39,6 +42,25 @@ def test_the_host_cost_is_read_where_the_measurements_span_host_bytes(monkeypatc
     assert data["host_cost_identified"] and data["host_gb_span"] > 1
     assert data["8192-fit"]["fewer_host_bytes"] > data["8192-fit"]["model"]
     assert not any("not identified" in line for line in lines)
+    assert data["8192-fit"]["slack_mib"] == 1 and data["8192-fit"]["slack_filled_gain"] > 0
+    assert lines[-1].startswith("| 8192 | 8191 | 1 | +")
+
+
+def test_the_room_placement_has_left_is_the_host_cost_less_the_gpu_cost_per_byte_moved(monkeypatch, tiny_model):
+    """20 ms per GB the host reads, 4 on the GPU: a 1.15x faster placement must move (s - s/1.15) / 16 ms of read GB
+    per token to the GPU, which is that divided by the host's read share resident, less the budget's slack."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import GB, MIB, placement_room
+
+    f = features_of(shape_from_gguf(tiny_model), _config(tiny_model, 2))
+    coef = np.array([0.0, 0.02, 0.0, 0.0, 0.004, 0.0])
+    seconds = 0.02 * f.cpu_gb + 0.004 * f.gpu_gb
+    share = f.cpu_gb / f.cpu_total_gb
+    filled, beyond = placement_room(coef, f, 0.25, 1.15)
+    assert beyond == pytest.approx((seconds - seconds / 1.15) / 0.016 / share * GB / MIB - 0.25)
+    assert filled == pytest.approx(seconds / (seconds - 0.016 * 0.25 * MIB / GB * share) - 1)
+    assert placement_room(coef, f, 0.25, 10.0)[1] is None  # more than every host byte on the GPU
+    assert placement_room(coef, f, 1000.0, 1.15)[0] == pytest.approx(seconds / (seconds - 0.016 * f.cpu_gb) - 1)
 
 
 def test_measurements_of_one_placement_leave_the_host_cost_unidentified(monkeypatch, tiny_model):
