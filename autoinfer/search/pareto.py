@@ -19,13 +19,14 @@ from autoinfer.campaign.spec import Campaign, stored_campaign
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError
 from autoinfer.store import trials as store
-from autoinfer.store.records import TrialRecord
+from autoinfer.store.records import Confirmation, TrialRecord
 from autoinfer.store.trials import Store
 
 DIRECTIONS = ("maximize", "maximize", "minimize")  # tg tok/s, pp tok/s, peak MiB
 PICK_OBJECTIVES = ("tg", "pp", "balanced")
 PROMPT_TG_LOSS = 0.05  # a prompt-faster alternative gives up at most this share of the recommendation's tg
 PROMPT_GAIN = 1.5  # and runs the prompt at least this many times as fast
+SEARCH_SOURCE, CONFIRMATION_SOURCE = "the search's runs", "the confirmation's interleaved runs"  # whose medians
 
 
 def enabled(campaign: Campaign) -> bool:
@@ -130,13 +131,24 @@ class PromptAlternative:
     pp: float
     recommended_tg: float
     recommended_pp: float
+    source: str = SEARCH_SOURCE
 
     def line(self) -> str:
-        change = self.tg / self.recommended_tg - 1  # the confirmation's rounds, not these medians, chose between them
+        change = self.tg / self.recommended_tg - 1
         return (f"prompt-faster alternative: trial {self.trial}, tg {self.tg:.1f} against {self.recommended_tg:.1f} "
                 f"({abs(change):.0%} {'faster' if change > 0 else 'slower'}), pp {self.pp:.0f} against "
-                f"{self.recommended_pp:.0f} ({self.pp / self.recommended_pp:.1f}x), the medians of the search's runs; "
+                f"{self.recommended_pp:.0f} ({self.pp / self.recommended_pp:.1f}x), the medians of {self.source}; "
                 "an objective with a prompt weight chooses between them")
+
+
+def _confirmed_medians(confirmation: Confirmation | None, numbers: list[int]) -> tuple[float, float] | None:
+    """tg and pp of a configuration as the confirmation measured it (the median over its fresh processes of each
+    process's median, as the recommendation's lines count them), or None where it was no finalist."""
+    runs = [r for r in (confirmation.runs if confirmation else ()) if r.trial in numbers]
+    medians = [[statistics.median(r.samples(kind)) for r in runs if r.samples(kind)] for kind in ("tg", "pp")]
+    if not all(medians):
+        return None
+    return statistics.median(medians[0]), statistics.median(medians[1])
 
 
 def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternative | None:
@@ -147,21 +159,28 @@ def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternati
     apart from the same placement without it (1.03 ± 0.14), at a fifth of that one's prompt speed (296 against 1443
     tok/s in the search, benchmarks/results/vs-fit-h100.md): the objective decides, and the line says what it cost.
     Drift-flagged trials are left out, as the confirmation leaves them out of its finalists and the report out of
-    its front. The medians are the search's: on an H200 at 12 GiB the line offered a configuration at 4% above the
-    recommendation's generation speed by them (then printed as "-4% slower"), one the confirmation had not taken
-    among its finalists (benchmarks/results/vs-fit-h200.md)."""
+    its front. A configuration the confirmation measured beside the recommendation is judged by the confirmation's
+    runs: by the search's medians the first run's alternative ran 2% faster than the recommendation, which the
+    confirmation had measured 1.03 ± 0.04 times faster than it. Any other is judged by the search's medians, which can
+    put it above the recommendation: on an H200 at 12 GiB the line offered one at 4% above the recommendation's
+    generation speed (then printed as "-4% slower"; benchmarks/results/vs-fit-h200.md)."""
     campaign = stored_campaign(study)
     if campaign is not None and campaign.objective_weights().get("pp"):
         return None
     configs = configurations(study, store.flagged_trials(study))
-    chosen = next((p for p, numbers in configs if recommended in numbers), None)
-    if chosen is None or chosen.tg <= 0 or chosen.pp <= 0:
+    chosen = next(((p, numbers) for p, numbers in configs if recommended in numbers), None)
+    if chosen is None or chosen[0].tg <= 0 or chosen[0].pp <= 0:
         return None
-    faster = [p for p, _ in configs if p.tg >= chosen.tg * (1 - PROMPT_TG_LOSS) and p.pp >= chosen.pp * PROMPT_GAIN]
-    if not faster:
-        return None
-    best = max(faster, key=lambda p: p.pp)
-    return PromptAlternative(best.trial.number, best.tg, best.pp, chosen.tg, chosen.pp)
+    confirmation = Store(study).study_record().confirmed
+    chosen_confirmed = _confirmed_medians(confirmation, chosen[1])
+    candidates = []
+    for p, numbers in configs:
+        both = chosen_confirmed and _confirmed_medians(confirmation, numbers)
+        (tg, pp), (ref_tg, ref_pp), source = ((both, chosen_confirmed, CONFIRMATION_SOURCE) if both
+                                              else ((p.tg, p.pp), (chosen[0].tg, chosen[0].pp), SEARCH_SOURCE))
+        if tg >= ref_tg * (1 - PROMPT_TG_LOSS) and pp >= ref_pp * PROMPT_GAIN:
+            candidates.append(PromptAlternative(p.trial.number, tg, pp, ref_tg, ref_pp, source))
+    return max(candidates, key=lambda a: a.pp / a.recommended_pp, default=None)
 
 
 def remember(study: optuna.Study) -> None:

@@ -14,7 +14,8 @@ from autoinfer.cli import app
 from autoinfer.engines.replay import parameter_columns, read_table
 from autoinfer.errors import UserError
 from autoinfer.search import pareto
-from autoinfer.store.trials import MEMORY_STORAGE
+from autoinfer.store.records import Confirmation, ConfirmRun, Verdict
+from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.recommend import recommend
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
@@ -118,3 +119,29 @@ def test_a_prompt_alternative_faster_by_the_searchs_medians_says_faster_and_a_fl
     alt = pareto.prompt_alternative(study, rec.trial)
     study.set_user_attr("drift_flagged", [alt.trial])  # as a study stores it
     assert pareto.prompt_alternative(study, rec.trial) is None
+
+
+def _confirmed(study, measured: dict[int, tuple[float, float]]) -> None:
+    """Store a confirmation that ran each trial in 3 rounds at (tg, pp), scattered by +-1%."""
+    runs = tuple(ConfirmRun(r, n, "ok", "", tg * f, (tg * f,), (pp * f,), None, 30.0, False)
+                 for r, f in enumerate((0.99, 1.0, 1.01)) for n, (tg, pp) in measured.items())
+    Store(study).write_study(confirmed=Confirmation(None, 0.05, "mannwhitney", 3, 0.02, 0.02, 0.03, {"tg": 1.0}, 4,
+                                                    (), runs, Verdict()))
+
+
+def test_a_prompt_alternative_the_confirmation_measured_is_judged_by_its_runs(tmp_path):
+    """In the first run of the default campaign the line called a configuration 2% faster than the recommendation
+    by the search's medians, which the confirmation had measured 1.03 +- 0.04 times slower: where the confirmation
+    measured both, its runs decide whether there is an alternative and what the line says."""
+    study = _knob_study(tmp_path, "tg", 2400.0)
+    numbers = {tuple(t.params.values()): t.number for t in study.trials}
+    rec, alt = numbers[("mmap", 16)], numbers[("none", 16)]
+    _confirmed(study, {rec: (100.0, 300.0), alt: (98.0, 2000.0)})
+    line = pareto.prompt_alternative(study, rec).line()
+    assert (f"trial {alt}, tg 98.0 against 100.0 (2% slower), pp 2000 against 300 (6.7x), the medians of the "
+            "confirmation's interleaved runs") in line
+    _confirmed(study, {rec: (100.0, 300.0), alt: (90.0, 2000.0)})  # 10% slower by the confirmation: no alternative
+    assert pareto.prompt_alternative(study, rec) is None
+    _confirmed(study, {rec: (100.0, 300.0)})  # the alternative was no finalist: the search's medians, as before
+    assert "tg 97.0 against 100.0 (3% slower), pp 2400 against 300 (8.0x), the medians of the search's runs" in (
+        pareto.prompt_alternative(study, rec).line())
