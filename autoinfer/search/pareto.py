@@ -141,14 +141,11 @@ class PromptAlternative:
                 "an objective with a prompt weight chooses between them")
 
 
-def _confirmed_medians(confirmation: Confirmation | None, numbers: list[int]) -> tuple[float, float] | None:
-    """tg and pp of a configuration as the confirmation measured it (the median over its fresh processes of each
-    process's median, as the recommendation's lines count them), or None where it was no finalist."""
-    runs = [r for r in (confirmation.runs if confirmation else ()) if r.trial in numbers]
-    medians = [[statistics.median(r.samples(kind)) for r in runs if r.samples(kind)] for kind in ("tg", "pp")]
-    if not all(medians):
-        return None
-    return statistics.median(medians[0]), statistics.median(medians[1])
+def _confirmed_medians(confirmation: Confirmation | None, trials: list[int]) -> tuple[float, float] | None:
+    """tg and pp of a configuration as the confirmation measured it, the medians over its fresh processes as the
+    recommendation's lines count them (None: it was no finalist)."""
+    tg, pp = (confirmation.run_medians(trials, kind) if confirmation else [] for kind in ("tg", "pp"))
+    return (statistics.median(tg), statistics.median(pp)) if tg and pp else None
 
 
 def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternative | None:
@@ -171,13 +168,14 @@ def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternati
     chosen = next(((p, numbers) for p, numbers in configs if recommended in numbers), None)
     if chosen is None or chosen[0].tg <= 0 or chosen[0].pp <= 0:
         return None
+    point, trials = chosen
     confirmation = Store(study).study_record().confirmed
-    chosen_confirmed = _confirmed_medians(confirmation, chosen[1])
+    chosen_confirmed = _confirmed_medians(confirmation, trials)
     candidates = []
     for p, numbers in configs:
         both = chosen_confirmed and _confirmed_medians(confirmation, numbers)
         (tg, pp), (ref_tg, ref_pp), source = ((both, chosen_confirmed, CONFIRMATION_SOURCE) if both
-                                              else ((p.tg, p.pp), (chosen[0].tg, chosen[0].pp), SEARCH_SOURCE))
+                                              else ((p.tg, p.pp), (point.tg, point.pp), SEARCH_SOURCE))
         if tg >= ref_tg * (1 - PROMPT_TG_LOSS) and pp >= ref_pp * PROMPT_GAIN:
             candidates.append(PromptAlternative(p.trial.number, tg, pp, ref_tg, ref_pp, source))
     return max(candidates, key=lambda a: a.pp / a.recommended_pp, default=None)

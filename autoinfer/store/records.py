@@ -9,10 +9,11 @@ Only autoinfer/store/ reads or writes Optuna user attributes (tests/store/test_s
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -460,6 +461,11 @@ class Confirmation:
 
     def finalist(self, trial: int) -> Finalist:
         return next(f for f in self.finalists if f.trial == trial)
+
+    def run_medians(self, trials: Collection[int], kind: str) -> list[float]:
+        """One median per fresh process that ran one of these trials ("tg" or "pp"): what a configuration's
+        confirmed speed is the median of."""
+        return [statistics.median(r.samples(kind)) for r in self.runs if r.trial in trials and r.samples(kind)]
 
 
 # ----------------------------------------------------------------------------------------------- a contest

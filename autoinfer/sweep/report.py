@@ -37,8 +37,7 @@ def measured(t: TrialRecord, confirmation: Confirmation | None, kind: str) -> st
     """The confirmation's runs first when it measured this trial (one median per fresh process, the number to
     expect), then the search's own run: a single process can land in a fast or slow mode of the machine."""
     search = spread(t.samples(kind))
-    runs = [statistics.median(r.samples(kind)) for r in (confirmation.runs if confirmation else ())
-            if r.trial == t.number and r.samples(kind)]
+    runs = confirmation.run_medians({t.number}, kind) if confirmation else []
     if not runs:
         return search
     return (f"{statistics.median(runs):.2f} over {len(runs)} confirmation runs (min {min(runs):.2f}, "
