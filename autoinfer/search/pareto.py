@@ -144,7 +144,9 @@ class PromptAlternative:
 def _confirmed_medians(confirmation: Confirmation | None, trials: list[int]) -> tuple[float, float] | None:
     """tg and pp of a configuration as the confirmation measured it, the medians over its fresh processes as the
     recommendation's lines count them (None: it was no finalist)."""
-    tg, pp = (confirmation.run_medians(trials, kind) if confirmation else [] for kind in ("tg", "pp"))
+    if confirmation is None:
+        return None
+    tg, pp = confirmation.run_medians(trials, "tg"), confirmation.run_medians(trials, "pp")
     return (statistics.median(tg), statistics.median(pp)) if tg and pp else None
 
 
@@ -174,8 +176,10 @@ def prompt_alternative(study: optuna.Study, recommended: int) -> PromptAlternati
     candidates = []
     for p, numbers in configs:
         both = chosen_confirmed and _confirmed_medians(confirmation, numbers)
-        (tg, pp), (ref_tg, ref_pp), source = ((both, chosen_confirmed, CONFIRMATION_SOURCE) if both
-                                              else ((p.tg, p.pp), (point.tg, point.pp), SEARCH_SOURCE))
+        if both:
+            (tg, pp), (ref_tg, ref_pp), source = both, chosen_confirmed, CONFIRMATION_SOURCE
+        else:
+            (tg, pp), (ref_tg, ref_pp), source = (p.tg, p.pp), (point.tg, point.pp), SEARCH_SOURCE
         if tg >= ref_tg * (1 - PROMPT_TG_LOSS) and pp >= ref_pp * PROMPT_GAIN:
             candidates.append(PromptAlternative(p.trial.number, tg, pp, ref_tg, ref_pp, source))
     return max(candidates, key=lambda a: a.pp / a.recommended_pp, default=None)
