@@ -25,7 +25,9 @@ Per budget:
    bytes are too alike (one budget's sweep) cannot tell the host's cost from the GPU's: the account says so and
    leaves that column out. Where it can tell, it says what room placement has left at fit's answer: the gain if the
    budget's slack at fit's measured peak held more host-read weights, and the VRAM beyond the budget a 1.15x faster
-   placement would need.
+   placement would need; and what the host's knobs would have to give instead: the share of the host's seconds per
+   token a 1.15x faster answer at fit's placement must cut. A configuration without threads (fit's) is modelled at
+   the threads llama.cpp gives it, one per physical core.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.knobs import llama_defaults
 from autoinfer.measure.gpu import measured_gpus, visible_gpus
+from autoinfer.measure.host import usable_physical_cores
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
@@ -226,11 +229,26 @@ def placement_room(coef: np.ndarray, f, slack_mib: float, target: float) -> tupl
     return filled, float(needed_gb / read_share * GB / MIB - slack_mib)
 
 
+def host_room(coef: np.ndarray, f, target: float) -> float | None:
+    """What the host would have to give at fit's placement, by the fitted model: the share of the host's seconds
+    per token (its cost per GB read at its threads, times the GB it reads) that a `target`x faster answer must cut
+    with the same bytes on each side (None: more than all of them). Host knobs (huge pages, load mode, threads) act
+    there and nowhere else."""
+    terms = dict(zip(TG_TERMS, coef))
+    per_gb = (terms["cpu_s_per_gb"] + terms["cpu_thread_s_per_gb"] / f.threads
+              + terms["cpu_sync_s_per_gb_thread"] * f.threads)
+    host = per_gb * f.cpu_gb
+    seconds = 1 / float(predict(coef, f.tg_row()[None])[0])
+    cut = (seconds - seconds / target) / host if host > 0 else float("inf")
+    return float(cut) if cut < 1 else None
+
+
 def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
                      answers: dict[float, dict[str, TrialConfig]],
                      fit_peaks: dict[float, float]) -> tuple[list[str], dict]:
     """The performance model fitted to this host's measurements; per budget the tg it gives each answer, the gain
-    5% fewer CPU-side expert bytes would bring, and what room placement has left at fit's answer (placement_room)."""
+    5% fewer CPU-side expert bytes would bring, and what room placement (placement_room) and the host's knobs
+    (host_room) would need to give at fit's answer."""
     shape = shape_from_gguf(model)
     features = [features_of(shape, config) for config, _ in observations]
     rows = np.array([f.tg_row() for f in features])
@@ -265,17 +283,29 @@ def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
         return lines, data
     lines += ["", f"What placement could still give fit's answer, by this model: its tg with the budget's slack at "
               f"its measured peak filled with weights it reads on the host, and the VRAM beyond that slack a "
-              f"{TARGET}x faster placement would need.", "",
+              f"{TARGET}x faster placement would need; and what share of the host's seconds per token a "
+              f"{TARGET}x faster answer at fit's placement would have to cut (the host knobs' part).", "",
               "| budget MiB | fit peak MiB | slack MiB | model tg gain, slack filled | "
-              f"VRAM beyond the budget for {TARGET}x |", "|---|---|---|---|---|"]
+              f"VRAM beyond the budget for {TARGET}x | host time cut for {TARGET}x at fit's placement |",
+              "|---|---|---|---|---|---|"]
     for budget, sides in answers.items():
         slack = budget - fit_peaks[budget]
-        filled, beyond = placement_room(coef, features_of(shape, sides["fit"][0]), slack, TARGET)
+        at_fit = features_of(shape, sides["fit"][0])
+        filled, beyond = placement_room(coef, at_fit, slack, TARGET)
+        cut = host_room(coef, at_fit, TARGET)
         more = ("unreachable: more than every weight on the GPU" if beyond is None
                 else "none: the slack holds it" if beyond <= 0 else f"{beyond:.0f} MiB")
-        lines.append(f"| {budget:.0f} | {fit_peaks[budget]:.0f} | {slack:.0f} | {filled:+.1%} | {more} |")
-        data[f"{budget:.0f}-fit"] |= {"slack_mib": slack, "slack_filled_gain": filled, "vram_beyond_for_target": beyond}
+        host = "unreachable: more than all of it" if cut is None else f"{cut:.1%}"
+        lines.append(f"| {budget:.0f} | {fit_peaks[budget]:.0f} | {slack:.0f} | {filled:+.1%} | {more} | {host} |")
+        data[f"{budget:.0f}-fit"] |= {"slack_mib": slack, "slack_filled_gain": filled, "vram_beyond_for_target": beyond,
+                                      "host_time_cut_for_target": cut}
     return lines, data
+
+
+def as_ran(config: TrialConfig) -> TrialConfig:
+    """The configuration as the models see it: without `-t` llama.cpp runs one thread per physical core of this host,
+    not the performance model's generic DEFAULT_THREADS (fit's answers leave threads to llama.cpp)."""
+    return config if config.threads else config.with_(threads=usable_physical_cores())
 
 
 def describe(config: TrialConfig) -> str:
@@ -319,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         tg, pp = compare(runs["ours"]["tg"], runs["fit"]["tg"]), compare(runs["ours"]["pp"], runs["fit"]["pp"])
         peak = {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
-        bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads or 16), gpu_gbps)
-                 for side, config in (("ours", ours), ("fit", fit))}
+        modelled = {"ours": as_ran(ours), "fit": as_ran(fit)}
+        bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads), gpu_gbps)
+                 for side, config in modelled.items()}
         reached = {side: np.median(runs[side]["tg"]) / bound[side]["tg_ceiling"] for side in bound}
         log(f"  bandwidth: GPU copy {gpu_gbps:.0f} GB/s; " + "; ".join(
             f"{side} reads {b['cpu_gb_per_token']:.3f} GB/token on the host, {b['gpu_gb_per_token']:.3f} on the GPU: "
@@ -333,9 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} | "
                     f"{pp.ratio:.2f} [{pp.ratio_ci[0]:.2f}, {pp.ratio_ci[1]:.2f}] | {peak['fit']:.0f} | {peak['ours']:.0f} |")
         log(rows[-1])
-        answers[budget] = {side: (config, float(np.median(runs[side]["tg"]))) for side, config in
-                           (("fit", fit), ("ours", ours))}
-        interleaved += [(config, tg) for side, config in (("fit", fit), ("ours", ours)) for tg in runs[side]["tg"]]
+        answers[budget] = {side: (modelled[side], float(np.median(runs[side]["tg"]))) for side in ("fit", "ours")}
+        interleaved += [(modelled[side], tg) for side in ("fit", "ours") for tg in runs[side]["tg"]]
         records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                         "sweep_output": sweep_output.splitlines(),

@@ -44,6 +44,12 @@ def test_the_host_cost_is_read_where_the_measurements_span_host_bytes(monkeypatc
     assert not any("not identified" in line for line in lines)
     assert data["8192-fit"]["slack_mib"] == 1 and data["8192-fit"]["slack_filled_gain"] > 0
     assert lines[-1].startswith("| 8192 | 8191 | 1 | +")
+    from vs_fit import TARGET, host_room  # the host knobs' part, from the coefficients the account fitted
+
+    cut = host_room(np.array(list(data["coef"].values())), features_of(shape_from_gguf(tiny_model),
+                                                                       _config(tiny_model, 2, 2)), TARGET)
+    assert data["8192-fit"]["host_time_cut_for_target"] == cut
+    assert lines[-1].endswith("| unreachable: more than all of it |" if cut is None else f"| {cut:.1%} |")
 
 
 def test_the_room_placement_has_left_is_the_host_cost_less_the_gpu_cost_per_byte_moved(monkeypatch, tiny_model):
@@ -63,12 +69,30 @@ def test_the_room_placement_has_left_is_the_host_cost_less_the_gpu_cost_per_byte
     assert placement_room(coef, f, 1000.0, 1.15)[0] == pytest.approx(seconds / (seconds - 0.016 * f.cpu_gb) - 1)
 
 
+def test_the_host_knobs_part_is_the_share_of_the_host_seconds_a_faster_answer_must_cut(monkeypatch, tiny_model):
+    """20 ms per GB the host reads, 4 on the GPU: at the same placement a 1.15x faster answer must cut s - s/1.15 from
+    the host's 20 ms x host GB; where that is more than the host spends, no host knob can give it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import host_room
+
+    f = features_of(shape_from_gguf(tiny_model), _config(tiny_model, 2))
+    coef = np.array([0.0, 0.02, 0.0, 0.0, 0.004, 0.0])
+    seconds = 0.02 * f.cpu_gb + 0.004 * f.gpu_gb
+    assert host_room(coef, f, 1.15) == pytest.approx((seconds - seconds / 1.15) / (0.02 * f.cpu_gb))
+    assert host_room(coef, f, 1 / (1 - 0.02 * f.cpu_gb / seconds) * 1.01) is None  # past every host second
+    threaded = np.array([0.0, 0.01, 0.02, 0.001, 0.004, 0.0])  # the cost per GB at the configuration's threads
+    per_gb = 0.01 + 0.02 / f.threads + 0.001 * f.threads
+    total = per_gb * f.cpu_gb + 0.004 * f.gpu_gb
+    assert host_room(threaded, f, 1.15) == pytest.approx((total - total / 1.15) / (per_gb * f.cpu_gb))
+
+
 def test_measurements_of_one_placement_leave_the_host_cost_unidentified(monkeypatch, tiny_model):
     lines, data = _account(monkeypatch, tiny_model, [1])
     assert not data["host_cost_identified"] and data["host_gb_span"] == 0
     assert data["8192-fit"]["fewer_host_bytes"] is None
     assert any("too alike to tell the host's cost" in line for line in lines)
     assert lines[-1].endswith("| not identified |")
+    assert "host_time_cut_for_target" not in data["8192-fit"]
 
 
 def test_the_evidence_keeps_each_sweep_trial_as_it_ran(monkeypatch, tiny_model):
@@ -89,3 +113,14 @@ def test_the_evidence_keeps_each_sweep_trial_as_it_ran(monkeypatch, tiny_model):
     assert summary["params"] == {"load_mode": "none", "huge_pages": 1} and summary["huge_pages_mib"] == 3798.0
     assert (summary["tg_median"], summary["pp_median"], summary["number"]) == (10.5, 100.0, 4)
     assert summary["feasible"] and summary["state"] == "COMPLETE"
+
+
+def test_fits_answer_is_modelled_at_the_threads_llama_cpp_gives_it(monkeypatch, tiny_model):
+    """fit's answers run without -t, so llama.cpp takes one thread per physical core; the account models them so,
+    not at the performance model's generic default."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import as_ran
+
+    monkeypatch.setattr("vs_fit.usable_physical_cores", lambda: 16)
+    assert as_ran(TrialConfig(tiny_model)).threads == 16
+    assert as_ran(TrialConfig(tiny_model, threads=6)).threads == 6
