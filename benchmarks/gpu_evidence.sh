@@ -18,7 +18,8 @@
 #       is dominated),
 #       spread (a seventh, never seen by the search: the last or a spread of layers' experts in RAM x ubatch 256/1024
 #       x threads 8/16 at 9 placements around the 8, 12 and 16 GiB boundaries, 72 rows, ~8 minutes),
-#       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved),
+#       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved; BUDGETS, TRIALS,
+#       SWEEP_WALL_S (seconds of search per sweep, 300) and ROUNDS set the run),
 #       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
 #       printed llama-server and in the server's default slots, interleaved; benchmarks/server_memory.py),
 #       hostknobs (each budget's recommendation in $VSFIT_JSON against its variants in the CPU thread pool's knobs
@@ -115,7 +116,7 @@ for step in "$@"; do
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \
-        --rounds 5 --out "$OUT/vs-fit-h100.md"
+        --sweep-wall-s "${SWEEP_WALL_S:-300}" --rounds "${ROUNDS:-5}" --out "$OUT/vs-fit-h100.md"
       ;;
     servermem)  # BUDGETS: which entries, in this order
       for budget in ${BUDGETS:-8192 12288 16384}; do
