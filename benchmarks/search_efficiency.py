@@ -76,7 +76,8 @@ unseen, 5 seeds, fresh noise, beside the search at 6f931b3 and random search wit
 1128-1151 judged it unseen beside random search with 100 trials, and 1097 and 1128 were traced after;
 1152-1175 judged the search unchanged, unseen, beside random search with 100 trials, and 1152 was traced after;
 1176-1199 and 1200-1223 judged it unseen beside random search with 100 trials, and 1223 was traced after;
-1224-1247 have random search's run.
+1224-1247 and 1248-1271 judged it unseen likewise, and 1262 and 1266 were traced after; 1272-1295 have random
+search's run.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose

@@ -210,15 +210,20 @@ def trial_summary(t) -> dict:
             "huge_pages_mib": t.metrics.get("huge_pages_mib"), "search_reason": t.search_reason, "reason": t.reason}
 
 
+def _host_s_per_gb(coef: np.ndarray, f) -> float:
+    """The fitted model's host seconds per GB read at the configuration's threads (a + b/T + e·T)."""
+    terms = dict(zip(TG_TERMS, coef))
+    return (terms["cpu_s_per_gb"] + terms["cpu_thread_s_per_gb"] / f.threads
+            + terms["cpu_sync_s_per_gb_thread"] * f.threads)
+
+
 def placement_room(coef: np.ndarray, f, slack_mib: float, target: float) -> tuple[float, float | None]:
     """What placement could still give fit's answer by the fitted model: the tg gain if the budget's slack at its
     measured peak held more of the weights it reads on the host, and the VRAM beyond that slack a `target`× faster
     placement would need (None: not even with every weight on the GPU). Moving one GB that a token reads saves the
     host's cost per GB at its threads less the GPU's; a GB resident on the host is read cpu_gb / cpu_total_gb per
     token (the active experts' share)."""
-    terms = dict(zip(TG_TERMS, coef))
-    saved = (terms["cpu_s_per_gb"] + terms["cpu_thread_s_per_gb"] / f.threads
-             + terms["cpu_sync_s_per_gb_thread"] * f.threads - terms["gpu_s_per_gb"])
+    saved = _host_s_per_gb(coef, f) - dict(zip(TG_TERMS, coef))["gpu_s_per_gb"]
     seconds = 1 / float(predict(coef, f.tg_row()[None])[0])
     read_share = f.cpu_gb / f.cpu_total_gb
     moved = min(slack_mib * MIB / GB * read_share, f.cpu_gb)  # the slack may hold more than the host has
@@ -234,10 +239,7 @@ def host_room(coef: np.ndarray, f, target: float) -> float | None:
     per token (its cost per GB read at its threads, times the GB it reads) that a `target`x faster answer must cut
     with the same bytes on each side (None: more than all of them). Host knobs (huge pages, load mode, threads) act
     there and nowhere else."""
-    terms = dict(zip(TG_TERMS, coef))
-    per_gb = (terms["cpu_s_per_gb"] + terms["cpu_thread_s_per_gb"] / f.threads
-              + terms["cpu_sync_s_per_gb_thread"] * f.threads)
-    host = per_gb * f.cpu_gb
+    host = _host_s_per_gb(coef, f) * f.cpu_gb
     seconds = 1 / float(predict(coef, f.tg_row()[None])[0])
     cut = (seconds - seconds / target) / host if host > 0 else float("inf")
     return float(cut) if cut < 1 else None
