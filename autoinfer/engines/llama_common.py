@@ -22,6 +22,7 @@ from autoinfer.errors import UserError
 from autoinfer.llama.build import working_tools
 from autoinfer.measure.crash import Crash, signal_name
 from autoinfer.measure.gpu import memory_used_mib, visible_gpus
+from autoinfer.measure.host import usable_physical_cores
 from autoinfer.measure.process import run_isolated
 
 _REASON_CHARS = 240
@@ -188,7 +189,14 @@ class LlamaToolsEngine(Engine):
         return Baseline(ngl, patterns, split, shlex.join(argv))
 
     def preferred_values(self, device_budget: bool) -> dict[str, Any]:
-        return llama_preferred_values(device_budget)
+        """llama_preferred_values, and with a device budget threads at llama.cpp's own default, one per physical core
+        this process may use: the most that `threads: host` offers, where the GPU tables ran fastest (16 threads beat
+        8 on 175 of 180 configurations, 12 on 38 of 54; benchmarks/tables/h*-35b-*.csv), and what llama-fit-params'
+        answers run. From the middle value, 12 of 16, an H100 sweep measured its first ten trials at 12 threads and
+        gained 5% on moving to 16 (benchmarks/results/vs-fit-h100.md, 6442b1d). A table replayed elsewhere keeps the
+        middle: this host's cores say nothing of the table's."""
+        preferred = llama_preferred_values(device_budget)
+        return {**preferred, "threads": usable_physical_cores()} if device_budget else preferred
 
     def as_run(self, config: TrialConfig) -> TrialConfig:
         """Engine.as_run, and huge_pages=1 with a load mode that maps the file (MAPPED_LOAD_MODES) as 0: llama.cpp

@@ -304,3 +304,14 @@ def test_server_args(llama_tools):
     assert server_context(cfg.with_(extra=(("ctx_size", 4096),))) == 4096
     with pytest.raises(UserError, match="separator"):
         server_args(trial(Path("m.gguf"), override_tensors=("blk\\.{1,2}=CPU",)))
+
+
+@pytest.mark.parametrize("name", ["llama-bench", "llama-server"])
+def test_with_a_device_budget_the_engines_prefer_llama_cpps_own_thread_count(name, monkeypatch):
+    """llama.cpp runs one thread per physical core unless told otherwise; without a device budget (a CPU host, where
+    fewer threads measured faster on a loaded host) the engines prefer no thread count."""
+    from autoinfer.engines import base, llama_common
+    monkeypatch.setattr(llama_common, "usable_physical_cores", lambda: 24)
+    engine = base.create(name)
+    assert engine.preferred_values(True)["threads"] == 24
+    assert "threads" not in engine.preferred_values(False)

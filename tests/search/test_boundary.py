@@ -383,3 +383,19 @@ def test_knobs_that_free_memory_reach_a_faster_share_never_measured(tmp_path, mo
     assert first.params["cpu_expert_layers"] == 20 and first.params["ubatch"] == 128, reasons
     assert first.vram_peak_mib <= 12288
     assert all(t.params["cpu_expert_layers"] == 25 for t in measured if t.number < first.number), reasons
+
+
+@pytest.mark.parametrize("preferred, first", [(None, 12), (16, 16)])
+def test_the_start_runs_the_threads_the_engine_prefers_where_the_space_has_them(tmp_path, monkeypatch, preferred,
+                                                                                first):
+    """With a device budget the llama.cpp engines prefer llama.cpp's own thread count (one per physical core); the
+    first trial runs it where the space has it, else the middle value."""
+    from autoinfer.engines.replay import ReplayEngine
+    if preferred is not None:
+        plain = ReplayEngine.preferred_values
+        monkeypatch.setattr(ReplayEngine, "preferred_values",
+                            lambda self, device: {**plain(self, device), "threads": preferred})
+    rows = [{"threads": t, "tg": 100.0 + t, "pp": 500.0, "vram_mib": 1000.0} for t in (8, 12, 16)]
+    study = _table_sweep(tmp_path, rows, trials=1, constraints={"vram_mib": 8192})
+    (trial,) = _measured(study)
+    assert trial.params["threads"] == first, trial.search_reason
