@@ -6,8 +6,8 @@ peak AnonHugePages and FilePmdMapped (smaps_rollup) say which of them got huge p
     python benchmarks/huge_pages.py --llama-bin BIN --model qwen35moe-35b-a3b-Q4_K.gguf --rounds 5 --out runs.jsonl
     python benchmarks/huge_pages.py --summary runs.jsonl [more.jsonl ...]
 
-Each round runs every variant once, in an order rotated each round; one line per process goes to --out as it ends,
-so a run cut short keeps its rounds. The summary prints per variant the median tg and pp (one score per process:
+Each round runs every variant once, in an order rotated each round; one line per process goes to --out as it ends
+(with the command and environment it ran, so the file says what was measured), so a run cut short keeps its rounds. The summary prints per variant the median tg and pp (one score per process:
 the median of its repetitions) and the huge-page variant's ratio to each other with a 95% bootstrap CI and the
 Mann-Whitney p (autoinfer.measure.stats.compare).
 """
@@ -68,7 +68,7 @@ def measure(args: argparse.Namespace) -> None:
                     print("time limit: stopped", flush=True)
                     return
                 flags, env = VARIANTS[name]
-                record = {"round": r, "variant": name, **run_one(base + flags, env)}
+                record = {"round": r, "variant": name, "argv": base + flags, "env": env, **run_one(base + flags, env)}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 print(r, name, record["rc"], record["wall_s"], record["peak_kib"], flush=True)
@@ -92,6 +92,9 @@ def summary(paths: list[Path]) -> None:
     for name, s in scores.items():
         print(f"| {name} | {len(s['tg'])} | {statistics.median(s['tg']):.1f} [{min(s['tg']):.1f}, {max(s['tg']):.1f}] "
               f"| {statistics.median(s['pp']):.0f} | {statistics.median(huge[name]):.1f} |")
+    if min((len(s["tg"]) for s in scores.values()), default=0) < 2 or "huge pages" not in scores:
+        print("\nno ratios: they need 2 or more successful processes of every variant, huge pages among them")
+        return
     print("\n| huge pages against | tg ratio [95% CI] | pp ratio [95% CI] |")
     print("|---|---|---|")
     for name in (n for n in scores if n != "huge pages"):
