@@ -7,9 +7,10 @@ peak AnonHugePages and FilePmdMapped (smaps_rollup) say which of them got huge p
     python benchmarks/huge_pages.py --summary runs.jsonl [more.jsonl ...]
 
 Each round runs every variant once, in an order rotated each round; one line per process goes to --out as it ends
-(with the command and environment it ran, so the file says what was measured), so a run cut short keeps its rounds. The summary prints per variant the median tg and pp (one score per process:
-the median of its repetitions) and the huge-page variant's ratio to each other with a 95% bootstrap CI and the
-Mann-Whitney p (autoinfer.measure.stats.compare).
+(with the command and environment it ran, so the file says what was measured), so a run cut short keeps its rounds.
+The summary prints per variant the median tg and pp (one score per process: the median of its repetitions) and the
+huge-page variant's ratio to each other with a 95% bootstrap CI and the Mann-Whitney p
+(autoinfer.measure.stats.compare).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoinfer.engines.base import Outcome
+from autoinfer.engines import llama_common
+from autoinfer.engines.base import Outcome, create
 from autoinfer.engines.llama_bench import measurement_from_json, parse_records
 from autoinfer.engines.llama_common import (
     bench_args,
@@ -310,8 +311,7 @@ def test_server_args(llama_tools):
 def test_with_a_device_budget_the_engines_prefer_llama_cpps_own_thread_count(name, monkeypatch):
     """llama.cpp runs one thread per physical core unless told otherwise; without a device budget (a CPU host, where
     fewer threads measured faster on a loaded host) the engines prefer no thread count."""
-    from autoinfer.engines import base, llama_common
     monkeypatch.setattr(llama_common, "usable_physical_cores", lambda: 24)
-    engine = base.create(name)
+    engine = create(name)
     assert engine.preferred_values(True)["threads"] == 24
     assert "threads" not in engine.preferred_values(False)

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import TrialConfig
-from autoinfer.engines.replay import parameter_columns, read_table, shape_path
+from autoinfer.engines.replay import ReplayEngine, parameter_columns, read_table, shape_path
 from autoinfer.model.placement import command_key
 from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
@@ -390,7 +390,6 @@ def test_the_start_runs_the_threads_the_engine_prefers_where_the_space_has_them(
                                                                                 first):
     """With a device budget the llama.cpp engines prefer llama.cpp's own thread count (one per physical core); the
     first trial runs it where the space has it, else the middle value."""
-    from autoinfer.engines.replay import ReplayEngine
     if preferred is not None:
         plain = ReplayEngine.preferred_values
         monkeypatch.setattr(ReplayEngine, "preferred_values",
