@@ -69,7 +69,8 @@ def measure(args: argparse.Namespace) -> None:
                     print("time limit: stopped", flush=True)
                     return
                 flags, env = VARIANTS[name]
-                record = {"round": r, "variant": name, "argv": base + flags, "env": env, **run_one(base + flags, env)}
+                argv = base + flags
+                record = {"round": r, "variant": name, "argv": argv, "env": env, **run_one(argv, env)}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 print(r, name, record["rc"], record["wall_s"], record["peak_kib"], flush=True)

@@ -50,7 +50,6 @@ from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.knobs import llama_defaults
 from autoinfer.measure.gpu import measured_gpus, visible_gpus
-from autoinfer.measure.host import usable_physical_cores
 from autoinfer.measure.stats import compare
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
@@ -307,9 +306,9 @@ def measured_account(model: Path, observations: list[tuple[TrialConfig, float]],
 
 
 def as_ran(config: TrialConfig) -> TrialConfig:
-    """The configuration as the models see it: without `-t` llama.cpp runs one thread per physical core of this host,
-    not the performance model's generic DEFAULT_THREADS (fit's answers leave threads to llama.cpp)."""
-    return config if config.threads else config.with_(threads=usable_physical_cores())
+    """The configuration as the models see it: without `-t` llama.cpp runs its own default thread count
+    (llama_defaults), not the performance model's generic DEFAULT_THREADS (fit's answers leave threads to llama.cpp)."""
+    return config if config.threads else config.with_(threads=llama_defaults()["threads"])
 
 
 def describe(config: TrialConfig) -> str:

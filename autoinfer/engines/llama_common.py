@@ -189,12 +189,13 @@ class LlamaToolsEngine(Engine):
         return Baseline(ngl, patterns, split, shlex.join(argv))
 
     def preferred_values(self, device_budget: bool) -> dict[str, Any]:
-        """llama_preferred_values, and with a device budget threads at llama.cpp's own default, one per physical core
-        this process may use: the most that `threads: host` offers, where the GPU tables ran fastest (16 threads beat
-        8 on 175 of 180 configurations, 12 on 38 of 54; benchmarks/tables/h*-35b-*.csv), and what llama-fit-params'
-        answers run. From the middle value, 12 of 16, an H100 sweep measured its first ten trials at 12 threads and
-        gained 5% on moving to 16 (benchmarks/results/vs-fit-h100.md, 6442b1d). A table replayed elsewhere keeps the
-        middle: this host's cores say nothing of the table's."""
+        """llama_preferred_values, and with a device budget threads at one per physical core this process may use
+        (llama.cpp's own default, llama_defaults, where nothing narrows the process's CPUs): the most that `threads:
+        host` offers, where the GPU tables ran fastest (16 threads beat 8 on 175 of 180 configurations, 12 on 38 of 54;
+        benchmarks/tables/h*-35b-*.csv), and what llama-fit-params' answers run. From the middle value, 12 of 16, an
+        H100 sweep measured its first ten trials at 12 threads and gained 5% on moving to 16
+        (benchmarks/results/vs-fit-h100.md, 6442b1d). A table replayed elsewhere keeps the middle: this host's cores say
+        nothing of the table's."""
         preferred = llama_preferred_values(device_budget)
         return {**preferred, "threads": usable_physical_cores()} if device_budget else preferred
 

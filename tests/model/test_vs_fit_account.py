@@ -121,6 +121,6 @@ def test_fits_answer_is_modelled_at_the_threads_llama_cpp_gives_it(monkeypatch, 
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from vs_fit import as_ran
 
-    monkeypatch.setattr("vs_fit.usable_physical_cores", lambda: 16)
+    monkeypatch.setattr("vs_fit.llama_defaults", lambda: {"threads": 16})
     assert as_ran(TrialConfig(tiny_model)).threads == 16
     assert as_ran(TrialConfig(tiny_model, threads=6)).threads == 6
