@@ -38,7 +38,10 @@
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
    A move may also go to a share faster than its boundary where that share's peak, carried over, may fit: from the
    share measured with other knob values, or, where no trial measured it, from the incumbent's peak by the predicted
-   difference where the move frees memory. It is ranked by the chance to fit times the chance to beat the incumbent.
+   difference where the move frees memory. It is ranked by the chance to fit times the chance to beat the incumbent,
+   and comes first too where its expected gain (the chance to fit times the expected improvement if it fits) is
+   larger than the likeliest move's: a quarter's chance of a share 1.28x faster is worth more than an even chance
+   of a knob value no trial has measured.
 3. Whole layers leave the GPU only when no expert placement fits or the performance model predicts that a
    whole-layer placement is faster. Step 7's too: a configuration with more whole layers in RAM than the best trial
    is not explored, and a sampler's proposal of one is recorded as predicted_slower, not measured, while the model
@@ -173,6 +176,7 @@ class Reach:
 
     params: dict[str, Any]
     chance: float  # to fit, times to beat the incumbent if it does
+    worth: float  # to fit, times the expected log gain over the incumbent if it does (_worth)
     gain: float  # predicted log gain over the incumbent, if it fits
     sd: float
     why: str
@@ -444,8 +448,9 @@ class Boundary:
 
     def _local(self, incumbent: Seen, base: dict[str, Any], seen: list[Seen], tried: set[str],
                effects: KnobEffects) -> Choice | None:
-        """The single move from the incumbent most likely to beat it, among those that may (module docstring)."""
-        moves = []
+        """The single move from the incumbent most likely to beat it, among those that may, or a reach worth more
+        (module docstring)."""
+        moves, reaches, worths = [], [], {}
         at_own, _ = self._at_boundary(base, seen)
         below = at_own is not None and self._share_key(at_own) != self._share_key(incumbent.params)
         for rank, knob in enumerate(self.knobs):
@@ -470,6 +475,8 @@ class Boundary:
                 if reach is not None and reach.chance > GATE:
                     moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
                                   reach.sd, reach.why, reach.chance))
+                    reaches.append(moves[-1])
+                    worths[id(moves[-1])] = reach.worth
         for direction, step in (("down", self._step_down(incumbent, base, tried)),
                                 ("up", self._step_up(incumbent, base, seen, tried) if below else None)):
             if step is None:
@@ -483,11 +490,19 @@ class Boundary:
                               chance))
         if not moves:
             return None
-        later, _, _, knob, value, params, gain, sd, why, chance = min(moves, key=lambda m: m[:3])
+        chosen, worth_note = min(moves, key=lambda m: m[:3]), ""
+        if reaches:  # a gamble on memory for a large gain may be worth more than the likeliest small move
+            reach = max(reaches, key=lambda m: worths[id(m)])
+            likeliest = worths.get(id(chosen), _worth(chosen[6], chosen[7]))
+            if worths[id(reach)] > likeliest:
+                worth_note = (f"; expected ×{math.exp(worths[id(reach)]):.3f}, more than the likeliest move's "
+                              f"×{math.exp(likeliest):.3f}")
+                chosen = reach
+        later, _, _, knob, value, params, gain, sd, why, chance = chosen
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
         move = f"one GPU share {knob}, {value}," if knob in ("down", "up") else f"{knob} {base[knob]} → {value}"
         return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
-                              f"{sd:.2f} ({chance:.0%} to beat it){after}{why}", chance=chance)
+                              f"{sd:.2f} ({chance:.0%} to beat it){after}{why}{worth_note}", chance=chance)
 
     def _at_share(self, knobs: dict[str, Any], incumbent: Seen) -> dict[str, Any] | None:
         """The knobs at the incumbent's own GPU share, where that share is known to fit with them: the knobs changed
@@ -544,11 +559,10 @@ class Boundary:
             gain, sd = self._gain(params, incumbent, effects)
             chance = fits * _chance(gain, sd)
             if best is None or chance > best.chance:
-                best = Reach(params, chance, gain, sd, f" (reach: a faster share, predicted {c.mib:.0f} MiB, its "
-                                                       f"peak carried over from trial {carried.trial}"
-                                                       f"{' at another share' if carried.moved else ''}: "
-                                                       f"{carried.mib:.0f} ± {carried.sd:.0f} of {budget:.0f}, "
-                                                       f"{fits:.0%} to fit)")
+                best = Reach(params, chance, fits * _worth(gain, sd), gain, sd,
+                             f" (reach: a faster share, predicted {c.mib:.0f} MiB, its peak carried over from trial "
+                             f"{carried.trial}{' at another share' if carried.moved else ''}: "
+                             f"{carried.mib:.0f} ± {carried.sd:.0f} of {budget:.0f}, {fits:.0%} to fit)")
         return best
 
     def _carried_from(self, candidate: Candidate, knobs: dict[str, Any], incumbent: Seen,
@@ -841,7 +855,9 @@ class Boundary:
         mostly the placement's own and cancels in the difference, so a placement measured over in one group is not
         probed again in every other group, and one the model puts just over the budget is measured where its
         measured neighbours say it fits. A trial llama.cpp runs alike (other memory-neutral knobs, a moot
-        placement pattern) carries its peak exactly."""
+        placement pattern) carries its peak exactly, and one measured over the budget carries it over without doubt
+        to knob values predicted to need no less: on synthetic-1321 at 12 GiB the share measured 98 MiB over with
+        ubatch 512 was given 21% to fit with ubatch 2048, from the predicted difference's own size as its spread."""
         # the same share measured in another group (the same group's measured peaks already bound the prediction)
         others = [s for s in seen if s.peak_mib is not None and s.config is not None
                   and all(s.params.get(n) == v for n, v in candidate.params.items())
@@ -858,6 +874,8 @@ class Boundary:
             if diff is None:
                 continue
             mean, sd = diff
+            if s.fits is False and mean >= 0.0:
+                sd = 0.0  # no less memory than a peak measured over the budget: over, however large the doubt
             if best is None or sd < best.sd:
                 best = Carried(s.peak_mib + mean, sd, s.number)
         return best
@@ -1103,6 +1121,15 @@ def _chance(gain: float, sd: float) -> float:
     if sd <= 0:
         return 1.0 if gain > 0 else 0.0
     return 0.5 * math.erfc(-gain / (sd * math.sqrt(2)))
+
+
+def _worth(gain: float, sd: float) -> float:
+    """Expected improvement over the incumbent in log speed, E[max(0, g)] for g ~ N(gain, sd): it tells a likely
+    gain of a percent from a less likely one of a quarter, which the chance to beat the incumbent does not."""
+    if sd <= 0:
+        return max(gain, 0.0)
+    z = gain / sd
+    return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) + gain * _chance(gain, sd)
 
 
 def _key(params: dict[str, Any]) -> str:

@@ -385,6 +385,37 @@ def test_knobs_that_free_memory_reach_a_faster_share_never_measured(tmp_path, mo
     assert all(t.params["cpu_expert_layers"] == 25 for t in measured if t.number < first.number), reasons
 
 
+def test_a_reach_worth_more_than_the_likeliest_move_comes_first(tmp_path, monkeypatch):
+    """Synthetic table 1308 at 16 GiB: the first trial, experts of 8 layers in RAM with ubatch 512, fits with 1.5 GiB
+    to spare; 4 layers, 1.28x faster, fit only with ubatch 128 (16334 MiB), and its carried peak gave that 24% to fit.
+    Ranked by the chance to beat the incumbent, 17 knob moves at 8 layers (even chances of a percent or two) came
+    first under fresh noise on seed 0, and the answer after 12 trials was 72-74% of the best row on 4 of 5 seeds.
+    Its expected gain is larger, so it is the second trial, and fits."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    study = _replay(synthetic_table(tmp_path, 1308), 16384.0, trials=2)
+    first, second = _measured(study)
+    assert first.params["cpu_expert_layers"] == 8 and first.params["ubatch"] == 512, first.search_reason
+    assert second.params["cpu_expert_layers"] == 4 and second.params["ubatch"] == 128, second.search_reason
+    assert "more than the likeliest move's" in second.search_reason and second.vram_peak_mib <= 16384
+
+
+def test_a_share_measured_over_is_not_reached_with_knob_values_that_need_more(tmp_path, monkeypatch):
+    """Synthetic table 1321 at 12 GiB: no expert in RAM measured 98 MiB over the budget with ubatch 512 (trial 0).
+    ubatch 2048 needs more memory, yet that share's peak carried over to it had the predicted difference's own size
+    (2247 MiB) as its spread, 21% to fit, and once a reach was ranked by its expected gain it was measured, 3172 MiB
+    over. A peak measured over carries over without doubt to knob values that need no less: one trial over, not
+    two or three."""
+    monkeypatch.syspath_prepend(str(TABLES.parent))
+    from synthetic_tables import synthetic_table
+
+    study = _replay(synthetic_table(tmp_path, 1321), 12288.0, trials=8)
+    measured = _measured(study)
+    over = [t for t in measured if t.outcome == "infeasible"]
+    assert len(over) == 1 and over[0].number == 0, [(t.number, t.params, t.search_reason) for t in measured]
+
+
 @pytest.mark.parametrize("preferred, first", [(None, 12), (16, 16)])
 def test_the_start_runs_the_threads_the_engine_prefers_where_the_space_has_them(tmp_path, monkeypatch, preferred,
                                                                                 first):
