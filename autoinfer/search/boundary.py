@@ -450,7 +450,7 @@ class Boundary:
                effects: KnobEffects) -> Choice | None:
         """The single move from the incumbent most likely to beat it, among those that may, or a reach worth more
         (module docstring)."""
-        moves, reaches, worths = [], [], {}
+        moves = []  # (later, -chance, knob rank, knob, value, params, gain, sd, why, chance, worth, reach)
         at_own, _ = self._at_boundary(base, seen)
         below = at_own is not None and self._share_key(at_own) != self._share_key(incumbent.params)
         for rank, knob in enumerate(self.knobs):
@@ -468,15 +468,14 @@ class Boundary:
                     chance = _chance(gain, sd)
                     if chance > GATE:  # chances within a percent are a tie: the knob order decides
                         later = knob in self.deferred and self._placed(at, incumbent) <= 0.0
-                        moves.append((later, -round(chance, 2), rank, knob, value, at, gain, sd, at_why, chance))
+                        moves.append((later, -round(chance, 2), rank, knob, value, at, gain, sd, at_why, chance,
+                                      _worth(gain, sd), False))
                 if params is None or self._same(params) in tried:
                     continue
                 reach = self._reach({**base, knob: value}, params, incumbent, seen, tried, effects)
                 if reach is not None and reach.chance > GATE:
                     moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
-                                  reach.sd, reach.why, reach.chance))
-                    reaches.append(moves[-1])
-                    worths[id(moves[-1])] = reach.worth
+                                  reach.sd, reach.why, reach.chance, reach.worth, True))
         for direction, step in (("down", self._step_down(incumbent, base, tried)),
                                 ("up", self._step_up(incumbent, base, seen, tried) if below else None)):
             if step is None:
@@ -487,18 +486,17 @@ class Boundary:
             chance = _chance(gain, sd)
             if chance > GATE:
                 moves.append((False, -round(chance, 2), len(self.knobs), direction, what, params, gain, sd, "",
-                              chance))
+                              chance, _worth(gain, sd), False))
         if not moves:
             return None
         chosen, worth_note = min(moves, key=lambda m: m[:3]), ""
-        if reaches:  # a gamble on memory for a large gain may be worth more than the likeliest small move
-            reach = max(reaches, key=lambda m: worths[id(m)])
-            likeliest = worths.get(id(chosen), _worth(chosen[6], chosen[7]))
-            if worths[id(reach)] > likeliest:
-                worth_note = (f"; expected ×{math.exp(worths[id(reach)]):.3f}, more than the likeliest move's "
-                              f"×{math.exp(likeliest):.3f}")
-                chosen = reach
-        later, _, _, knob, value, params, gain, sd, why, chance = chosen
+        # a gamble on memory for a large gain may be worth more than the likeliest small move
+        reach = max((m for m in moves if m[11]), key=lambda m: m[10], default=None)
+        if reach is not None and reach[10] > chosen[10]:
+            worth_note = (f"; expected ×{math.exp(reach[10]):.3f}, more than the likeliest move's "
+                          f"×{math.exp(chosen[10]):.3f}")
+            chosen = reach
+        later, _, _, knob, value, params, gain, sd, why, chance, _, _ = chosen
         after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
         move = f"one GPU share {knob}, {value}," if knob in ("down", "up") else f"{knob} {base[knob]} → {value}"
         return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
