@@ -81,8 +81,9 @@ unseen, 5 seeds, fresh noise, beside the search at 6f931b3 and random search wit
 expected improvement (not kept) and a reach ranked by its expected gain where that beats the likeliest move's,
 which 1320-1343 judged unseen beside the search before it (kept); 1321 was traced after, and 1272-1343 judged a peak
 measured over carried over without doubt to knob values that need no less (kept), which 1344-1367 judged unseen
-beside the search before both and random search with 100 trials; 1368-1391 judged it unseen likewise; 1392-1415
-have random search's run.
+beside the search before both and random search with 100 trials; 1368-1391 judged it unseen likewise; 1272-1319 and
+1344-1391 judged a step down after two wrong memory predictions that spares the latest miss (kept; developed on an
+H100 sweep and 1290-1293); 1392-1415 have random search's run.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
