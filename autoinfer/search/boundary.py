@@ -185,6 +185,27 @@ class Reach:
 
 
 @dataclass(frozen=True)
+class Move:
+    """One local move from the incumbent (Boundary._local) and what the models expect of it."""
+
+    later: bool  # a prompt-only knob's move, after the others (PROMPT_ONLY)
+    rank: int  # the knob's place in the search's knob order: the tie-break
+    knob: str  # or "down"/"up" for a step of the GPU share
+    value: Any
+    params: dict[str, Any]
+    gain: float  # predicted log gain over the incumbent
+    sd: float
+    why: str
+    chance: float  # to beat the incumbent (for a reach, times its chance to fit)
+    worth: float  # the expected log gain over the incumbent (_worth; for a reach, times its chance to fit)
+    reach: bool = False  # to a share faster than the boundary, whose peak may not fit
+
+    def order(self) -> tuple[bool, float, int]:
+        """Likeliest first; chances within a percent are a tie, which the knob order decides."""
+        return self.later, -round(self.chance, 2), self.rank
+
+
+@dataclass(frozen=True)
 class Choice:
     params: dict[str, Any]
     reason: str
@@ -452,7 +473,7 @@ class Boundary:
                effects: KnobEffects) -> Choice | None:
         """The single move from the incumbent most likely to beat it, among those that may, or a reach worth more
         (module docstring)."""
-        moves = []  # (later, -chance, knob rank, knob, value, params, gain, sd, why, chance, worth, reach)
+        moves: list[Move] = []
         at_own, _ = self._at_boundary(base, seen)
         below = at_own is not None and self._share_key(at_own) != self._share_key(incumbent.params)
         for rank, knob in enumerate(self.knobs):
@@ -468,16 +489,15 @@ class Boundary:
                         continue
                     gain, sd = self._gain(at, incumbent, effects)
                     chance = _chance(gain, sd)
-                    if chance > GATE:  # chances within a percent are a tie: the knob order decides
+                    if chance > GATE:
                         later = knob in self.deferred and self._placed(at, incumbent) <= 0.0
-                        moves.append((later, -round(chance, 2), rank, knob, value, at, gain, sd, at_why, chance,
-                                      _worth(gain, sd), False))
+                        moves.append(Move(later, rank, knob, value, at, gain, sd, at_why, chance, _worth(gain, sd)))
                 if params is None or self._same(params) in tried:
                     continue
                 reach = self._reach({**base, knob: value}, params, incumbent, seen, tried, effects)
                 if reach is not None and reach.chance > GATE:
-                    moves.append((False, -round(reach.chance, 2), rank, knob, value, reach.params, reach.gain,
-                                  reach.sd, reach.why, reach.chance, reach.worth, True))
+                    moves.append(Move(False, rank, knob, value, reach.params, reach.gain, reach.sd, reach.why,
+                                      reach.chance, reach.worth, reach=True))
         for direction, step in (("down", self._step_down(incumbent, base, tried)),
                                 ("up", self._step_up(incumbent, base, seen, tried) if below else None)):
             if step is None:
@@ -487,22 +507,23 @@ class Boundary:
             sd = math.hypot(sd, RESIDUAL_SD)
             chance = _chance(gain, sd)
             if chance > GATE:
-                moves.append((False, -round(chance, 2), len(self.knobs), direction, what, params, gain, sd, "",
-                              chance, _worth(gain, sd), False))
+                moves.append(Move(False, len(self.knobs), direction, what, params, gain, sd, "", chance,
+                                  _worth(gain, sd)))
         if not moves:
             return None
-        chosen, worth_note = min(moves, key=lambda m: m[:3]), ""
+        chosen, worth_note = min(moves, key=Move.order), ""
         # a gamble on memory for a large gain may be worth more than the likeliest small move
-        reach = max((m for m in moves if m[11]), key=lambda m: m[10], default=None)
-        if reach is not None and reach[10] > chosen[10]:
-            worth_note = (f"; expected ×{math.exp(reach[10]):.3f}, more than the likeliest move's "
-                          f"×{math.exp(chosen[10]):.3f}")
+        reach = max((m for m in moves if m.reach), key=lambda m: m.worth, default=None)
+        if reach is not None and reach.worth > chosen.worth:
+            worth_note = (f"; expected ×{math.exp(reach.worth):.3f}, more than the likeliest move's "
+                          f"×{math.exp(chosen.worth):.3f}")
             chosen = reach
-        later, _, _, knob, value, params, gain, sd, why, chance, _, _ = chosen
-        after = f", after the other knobs' moves ({knob} sizes the prompt's batches, not a decode step)" if later else ""
-        move = f"one GPU share {knob}, {value}," if knob in ("down", "up") else f"{knob} {base[knob]} → {value}"
-        return Choice(params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(gain):.2f} ± "
-                              f"{sd:.2f} ({chance:.0%} to beat it){after}{why}{worth_note}", chance=chance)
+        m = chosen
+        after = (f", after the other knobs' moves ({m.knob} sizes the prompt's batches, not a decode step)"
+                 if m.later else "")
+        move = f"one GPU share {m.knob}, {m.value}," if m.knob in ("down", "up") else f"{m.knob} {base[m.knob]} → {m.value}"
+        return Choice(m.params, f"local: {move} from trial {incumbent.number}, predicted ×{math.exp(m.gain):.2f} ± "
+                                f"{m.sd:.2f} ({m.chance:.0%} to beat it){after}{m.why}{worth_note}", chance=m.chance)
 
     def _at_share(self, knobs: dict[str, Any], incumbent: Seen) -> dict[str, Any] | None:
         """The knobs at the incumbent's own GPU share, where that share is known to fit with them: the knobs changed
@@ -813,8 +834,9 @@ class Boundary:
         if misses >= BISECT_AFTER:
             floor = max((c.speed for c in pool if c.mib <= fit_at), default=-math.inf)
             open_ = sorted((c for c in pool if c.mib > fit_at and c.speed >= floor), key=lambda c: c.mib)
-            latest = max((s for s in missed if s.peak_mib is not None), key=lambda s: s.number, default=None)
-            if fit_at == -math.inf and latest is not None:
+            latest = (max((s for s in missed if s.peak_mib is not None), key=lambda s: s.number, default=None)
+                      if fit_at == -math.inf else None)  # a step down while nothing is measured to fit
+            if latest is not None:
                 missed_by = latest.peak_mib - latest.predicted_mib
                 spared = [c for c in open_ if c.mib + missed_by <= budget]
                 if spared:
