@@ -10,8 +10,10 @@ the same few configurations again and again, and workers with one seed suggest w
 (predicted over the budget or slower) drawn at random is queued (said and tagged `explore_after_repeats`), and when
 none is left the space is exhausted. The same configuration is the same command line: a placement pattern is moot
 where no layer's experts, or every layer's, are in RAM.
-Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, a dead process's trial:
-`retry_of`) and run as usual.
+Re-measurements the project makes on purpose carry their own tag (drift: `remeasure_of`, the search's incumbent:
+`again_of`) and run as usual. A dead process's trial queued again (`retry_of`) is checked like a suggestion: the
+process may have died after the sampler suggested a configuration already measured and before it was answered, and
+running the retry would measure that configuration twice.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ from optuna.trial import TrialState
 from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import write_trial
 
-DELIBERATE = ("remeasure_of", "retry_of", "again_of")  # TrialRecord tags of re-measurements made on purpose
 NUDGE_AFTER = 3  # repeat suggestions in a row after which an unmeasured configuration is queued
 MAX_IN_A_ROW = 50  # repeats in a row despite those: the sweep stops (queued ones realised as measured ones)
 EXHAUSTED = ("every configuration of the space was measured or left out without a measurement (the reasons are "
              "on the trials): nothing is left to run")
 
 
-def deliberate(record: TrialRecord) -> bool:
-    return any(getattr(record, tag) is not None for tag in DELIBERATE)
+def checked(record: TrialRecord) -> bool:
+    """Whether a trial about to run is first looked up among earlier measurements: all but the re-measurements
+    made on purpose (a retry is looked up: its dead trial may have held a suggestion not yet answered)."""
+    return record.remeasure_of is None and record.again_of is None
 
 
 def earlier(trials: Iterable[TrialRecord], config: Mapping[str, Any] | None, flagged: set[int], asking: int,

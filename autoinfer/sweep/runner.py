@@ -250,7 +250,7 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
                 asked = record_of(trial)
-                source = None if repeats.deliberate(asked) else repeats.earlier(
+                source = None if not repeats.checked(asked) else repeats.earlier(
                     study_store.records(), asked.config, flagged_trials(study), trial.number, ctx.command)
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
                     repeats.answer(study, trial, source)

@@ -22,7 +22,7 @@ from autoinfer.campaign.spec import load_campaign
 from autoinfer.store import trials as store
 from autoinfer.store.trials import Store
 from autoinfer.sweep import runner
-from autoinfer.sweep.repeats import deliberate, exhausted
+from autoinfer.sweep.repeats import checked, exhausted
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -58,8 +58,8 @@ def complete(db: Path) -> int:
 
 
 def measured_configs(trials) -> Counter:
-    """How often each configuration was measured without a re-measurement tag."""
-    return Counter(repr(sorted(t.config.items())) for t in trials if t.is_finished and not deliberate(t))
+    """How often each configuration was measured, re-measurements made on purpose (drift, the incumbent) aside."""
+    return Counter(repr(sorted(t.config.items())) for t in trials if t.is_finished and checked(t))
 
 
 def test_a_space_smaller_than_the_budget_is_measured_once_per_configuration(tmp_path):
@@ -97,7 +97,7 @@ def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tm
     assert done.returncode == 0, done.stderr[-3000:]
     trials = Store(store.load_study("repeats", url)).records()
     counts = measured_configs(trials)
-    assert len(counts) == sum(counts.values()), counts  # no configuration measured twice untagged
+    assert len(counts) == sum(counts.values()), counts  # no configuration measured twice, retries included
     counted = [t for t in trials if t.is_finished]
     assert len(counted) == 14  # the budget, exactly: retries replace the trials the kills interrupted
     again = [t for t in counted if t.again_of is not None]  # the search measured an incumbent again on purpose
@@ -106,7 +106,8 @@ def test_a_sweep_killed_five_times_ends_with_distinct_measured_configurations(tm
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     for t in trials:  # every trial the kills interrupted is failed, tagged, and its configuration measured
         if t.stale and t.params and t.repeat_of is None:
-            assert any(r.retry_of == t.number and r.is_finished for r in trials)
+            retry = next(r for r in trials if r.retry_of == t.number)
+            assert retry.is_finished or trials[retry.repeat_of].is_finished
 
 
 def test_whether_a_space_is_exhausted_is_told_without_the_sweeps_random_stream():
@@ -120,3 +121,24 @@ def test_whether_a_space_is_exhausted_is_told_without_the_sweeps_random_stream()
     assert not exhausted(dists, Store(study).records())
     study.add_trial(create_trial(params={"threads": 2, "ubatch": 512}, distributions=dists, value=1.0))
     assert exhausted(dists, Store(study).records())
+
+
+def test_a_retry_of_a_suggestion_already_measured_is_answered_not_run_again(tmp_path, monkeypatch):
+    """A process killed after the sampler suggested a measured configuration, before that was answered, leaves a
+    trial RUNNING with its parameters; the retry queued for it is looked up like a suggestion, not measured twice."""
+    monkeypatch.setenv("AUTOINFER_RESULTS", str(tmp_path / "results"))
+    path = replay_campaign(tmp_path, threads=2, trials=2)
+    study = runner.sweep(load_campaign(path), progress=False).study
+    first = Store(study).records()[0]
+    study.enqueue_trial(dict(first.params))
+    killed = study.ask()  # the dead process's trial: suggested, never answered
+    killed.suggest_int("threads", 1, 2)
+    killed.suggest_categorical("ubatch", [128, 512])
+    assert killed.params == first.params
+    path.write_text(path.read_text().replace("trials: 2", "trials: 3"))
+    trials = Store(runner.sweep(load_campaign(path), progress=False).study).records()
+    assert trials[killed.number].stale
+    retry = next(t for t in trials if t.retry_of == killed.number)
+    assert retry.repeat_of == first.number and not retry.is_finished
+    counts = measured_configs(trials)
+    assert len(counts) == sum(counts.values()) == 3, counts
