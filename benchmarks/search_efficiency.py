@@ -85,8 +85,8 @@ beside the search before both and random search with 100 trials; 1368-1391 judge
 1344-1391 judged a step down after two wrong memory predictions that spares the latest miss (kept; developed on an
 H100 sweep and 1290-1293), which 1392-1415 judged unseen beside random search with 100 trials, and 1412 was traced
 after; 1416-1439 judged the search unchanged, unseen, beside random search with 100 trials, and 1439 was traced
-after; 1272-1319 judged an incumbent chosen by the models' belief instead of the fastest measurement (not kept);
-1440-1463 have random search's run.
+after; 1272-1319 judged an incumbent chosen by the models' belief instead of the fastest measurement and Thompson
+sampling in the grid step, and with 1344-1391 in the model step (none kept); 1440-1463 have random search's run.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
