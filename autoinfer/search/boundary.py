@@ -511,14 +511,12 @@ class Boundary:
                                   _worth(gain, sd)))
         if not moves:
             return None
-        chosen, worth_note = min(moves, key=Move.order), ""
+        m, worth_note = min(moves, key=Move.order), ""
         # a gamble on memory for a large gain may be worth more than the likeliest small move
-        reach = max((m for m in moves if m.reach), key=lambda m: m.worth, default=None)
-        if reach is not None and reach.worth > chosen.worth:
-            worth_note = (f"; expected ×{math.exp(reach.worth):.3f}, more than the likeliest move's "
-                          f"×{math.exp(chosen.worth):.3f}")
-            chosen = reach
-        m = chosen
+        reach = max((r for r in moves if r.reach), key=lambda r: r.worth, default=None)
+        if reach is not None and reach.worth > m.worth:
+            worth_note = f"; expected ×{math.exp(reach.worth):.3f}, more than the likeliest move's ×{math.exp(m.worth):.3f}"
+            m = reach
         after = (f", after the other knobs' moves ({m.knob} sizes the prompt's batches, not a decode step)"
                  if m.later else "")
         move = f"one GPU share {m.knob}, {m.value}," if m.knob in ("down", "up") else f"{m.knob} {base[m.knob]} → {m.value}"

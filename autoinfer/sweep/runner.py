@@ -250,8 +250,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
                 asked = record_of(trial)
-                source = None if not repeats.checked(asked) else repeats.earlier(
-                    study_store.records(), asked.config, flagged_trials(study), trial.number, ctx.command)
+                source = repeats.earlier(study_store.records(), asked.config, flagged_trials(study), trial.number,
+                                         ctx.command) if repeats.checked(asked) else None
                 if source is not None:  # answered from the earlier measurement: nothing runs, no budget spent
                     repeats.answer(study, trial, source)
                     view.note(f"trial {trial.number}: configuration of trial {source.number} suggested again; "
