@@ -12,7 +12,9 @@ Per budget:
    folder; its recommendation is read with `autoinfer export --format json`.
 3. Both configurations run interleaved, `--rounds` rounds, each run a fresh llama-bench process, alternating which
    goes first; one score per run (the median of its repetitions). Printed: tg and pp medians, the ratio ours/fit with
-   its 95% bootstrap CI and the Mann-Whitney p-value, and each side's peak VRAM.
+   its 95% bootstrap CI and the Mann-Whitney p-value, the same ratio by round (the geometric mean of each round's
+   ours/fit, its t interval and the paired t-test's p: a drift that moves both sides of a round cancels in it), and
+   each side's peak VRAM.
 4. The bandwidth account: the weight bytes one decoded token reads on each side (the shared performance model's
    features), the host's measured read bandwidth (a multi-threaded sum over 2 GiB, as many threads as the
    configuration uses) and the GPU's (a device-to-device copy); the ceiling 1 / (cpu_GB/host_GB/s + gpu_GB/gpu_GB/s)
@@ -50,7 +52,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.knobs import llama_defaults
 from autoinfer.measure.gpu import measured_gpus, visible_gpus
-from autoinfer.measure.stats import compare
+from autoinfer.measure.stats import Comparison, compare, compare_paired
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
 from autoinfer.model.shape import shape_from_gguf
@@ -141,6 +143,30 @@ def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[st
             out[side]["peak"].append(m.vram_peak_mib)  # the fullest GPU's
             out[side]["peak_per_gpu"].append(list(m.vram_per_gpu_mib))
     return out
+
+
+def compare_runs(runs: dict[str, dict[str, list[float]]]) -> dict[str, Comparison]:
+    """ours against fit from the interleaved runs: tg and pp as two samples (the ratio of medians), and by round."""
+    ours, fit = runs["ours"], runs["fit"]
+    return {"tg": compare(ours["tg"], fit["tg"]), "pp": compare(ours["pp"], fit["pp"]),
+            "tg_by_round": compare_paired(ours["tg"], fit["tg"]), "pp_by_round": compare_paired(ours["pp"], fit["pp"])}
+
+
+def peaks(runs: dict[str, dict[str, list]]) -> dict[str, float]:
+    """Each side's highest measured peak over its interleaved runs (the fullest GPU's)."""
+    return {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
+
+
+def table_row(budget: float, runs: dict[str, dict[str, list[float]]], ratios: dict[str, Comparison],
+              peak: dict[str, float]) -> str:
+    def ci(c: Comparison) -> str:
+        return f"{c.ratio:.2f} [{c.ratio_ci[0]:.2f}, {c.ratio_ci[1]:.2f}]"
+
+    return (f"| {budget:.0f} | {np.median(runs['fit']['tg']):.1f} | {np.median(runs['ours']['tg']):.1f} "
+            f"| {ci(ratios['tg'])} p={ratios['tg'].p_value:.3f} "
+            f"| {ci(ratios['tg_by_round'])} p={ratios['tg_by_round'].p_value:.3f} "
+            f"| {np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} "
+            f"| {ci(ratios['pp'])} | {ci(ratios['pp_by_round'])} | {peak['fit']:.0f} | {peak['ours']:.0f} |")
 
 
 @functools.cache  # the host's bandwidth at a thread count: measured once per run
@@ -350,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  sweep done at {time.monotonic() - started:.0f} s\n  fit:  {describe(fit)}\n  ours: {describe(ours)}")
         runs = interleave(ours, fit, args.rounds)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
-        tg, pp = compare(runs["ours"]["tg"], runs["fit"]["tg"]), compare(runs["ours"]["pp"], runs["fit"]["pp"])
-        peak = {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
+        ratios = compare_runs(runs)
+        peak = peaks(runs)
         modelled = {"ours": as_ran(ours), "fit": as_ran(fit)}
         bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads), gpu_gbps)
                  for side, config in modelled.items()}
@@ -362,10 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         accounts.append(f"| {budget:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} | {bound['ours']['cpu_gb_per_token']:.3f} "
                         f"| {bound['fit']['tg_ceiling']:.1f} ({reached['fit']:.0%}) "
                         f"| {bound['ours']['tg_ceiling']:.1f} ({reached['ours']:.0%}) |")
-        rows.append(f"| {budget:.0f} | {np.median(runs['fit']['tg']):.1f} | {np.median(runs['ours']['tg']):.1f} | "
-                    f"{tg.ratio:.2f} [{tg.ratio_ci[0]:.2f}, {tg.ratio_ci[1]:.2f}] p={tg.p_value:.3f} | "
-                    f"{np.median(runs['fit']['pp']):.0f} | {np.median(runs['ours']['pp']):.0f} | "
-                    f"{pp.ratio:.2f} [{pp.ratio_ci[0]:.2f}, {pp.ratio_ci[1]:.2f}] | {peak['fit']:.0f} | {peak['ours']:.0f} |")
+        rows.append(table_row(budget, runs, ratios, peak))
         log(rows[-1])
         answers[budget] = {side: (modelled[side], float(np.median(runs[side]["tg"]))) for side in ("fit", "ours")}
         interleaved += [(modelled[side], tg) for side in ("fit", "ours") for tg in runs[side]["tg"]]
@@ -373,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                         "sweep_output": sweep_output.splitlines(),
                         "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")],
-                        "runs": runs, "tg": tg.to_dict(), "pp": pp.to_dict(), "bandwidth": bound,
+                        "runs": runs, **{k: c.to_dict() for k, c in ratios.items()}, "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
         observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved
         fit_peaks[budget] = peak["fit"]
@@ -386,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(args: argparse.Namespace, rows: list[str], accounts: list[str], account: list[str], lines: list[str],
           records: list[dict]) -> None:
-    table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | fit pp512 | ours pp512 | pp ours/fit [95% CI] "
-             "| fit peak MiB | ours peak MiB |", "|---|---|---|---|---|---|---|---|---|", *rows, "",
+    table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | tg by round [95% CI] | fit pp512 | ours pp512 "
+             "| pp ours/fit [95% CI] | pp by round [95% CI] | fit peak MiB | ours peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
              "| budget MiB | fit host GB/token | ours host GB/token | fit tg ceiling (reached) | ours tg ceiling (reached) |",
              "|---|---|---|---|---|", *accounts, *(["", "## Measured account", "", *account] if account else [])]
     args.out.parent.mkdir(parents=True, exist_ok=True)

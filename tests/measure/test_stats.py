@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoinfer.measure.stats import bootstrap_ci, compare, cv, holm, summarize
+from autoinfer.measure.stats import bootstrap_ci, compare, compare_paired, cv, holm, summarize
 
 
 def test_cv_known_value():
@@ -87,6 +87,49 @@ def test_compare_rejects_bad_arguments():
         compare([1, 2], [3, 4], test="ks")
     with pytest.raises(ValueError, match="alpha"):
         compare([1, 2], [3, 4], alpha=1.5)
+
+
+def test_paired_rounds_see_through_a_drift_that_hides_a_difference_between_medians():
+    """Both sides rise 20% over five rounds and a is 5% faster within each round: the medians' ratio cannot tell
+    (its interval spans 1), the rounds' ratios can."""
+    rng = np.random.default_rng(3)
+    drift = np.linspace(100.0, 120.0, 5)
+    b = drift * rng.normal(1.0, 0.01, 5)
+    a = 1.05 * drift * rng.normal(1.0, 0.01, 5)
+    unpaired, paired = compare(a, b), compare_paired(a, b)
+    assert unpaired.ratio_ci[0] < 1.0 < unpaired.ratio_ci[1]
+    assert paired.differ and paired.test == "paired-t" and paired.ratio_ci[0] > 1.0
+    assert paired.ratio == pytest.approx(1.05, abs=0.02)
+    mirror = compare_paired(b, a)  # b/a is the mirror image of a/b
+    assert mirror.ratio == pytest.approx(1 / paired.ratio)
+    assert mirror.ratio_ci == pytest.approx((1 / paired.ratio_ci[1], 1 / paired.ratio_ci[0]))
+    assert mirror.p_value == pytest.approx(paired.p_value)
+
+
+def test_paired_rounds_tie_at_the_stated_rate():
+    """No difference, each round's processes sharing a random load: 'differ' in about alpha of the cases, and the
+    interval excludes 1 exactly when the test rejects. 400 repetitions of 5 rounds."""
+    rng = np.random.default_rng(5)
+    reps, false_alarms = 400, 0
+    for _ in range(reps):
+        load = rng.normal(100.0, 15.0, 5)
+        result = compare_paired(load * rng.normal(1.0, 0.05, 5), load * rng.normal(1.0, 0.05, 5))
+        assert result.differ == (not result.ratio_ci[0] <= 1.0 <= result.ratio_ci[1])
+        false_alarms += result.differ
+    assert 0.02 <= false_alarms / reps <= 0.085
+
+
+def test_paired_rounds_with_one_ratio_and_bad_input():
+    same = compare_paired([10.0, 20.0, 30.0], [10.0, 20.0, 30.0])
+    assert same.p_value == 1.0 and not same.differ and same.ratio_ci == (1.0, 1.0)
+    double = compare_paired([20.0, 40.0], [10.0, 20.0])
+    assert double.ratio == pytest.approx(2.0) and double.differ and double.ratio_ci == pytest.approx((2.0, 2.0))
+    with pytest.raises(ValueError, match="one b per a"):
+        compare_paired([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="positive"):
+        compare_paired([1.0, 0.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="alpha"):
+        compare_paired([1.0, 2.0], [1.0, 2.0], alpha=0.0)
 
 
 def test_holm_step_down():
