@@ -40,10 +40,39 @@ from autoinfer.store.records import (
 )
 from autoinfer.store.trials import Store, flagged_trials
 
+#: How the weights kept in RAM are held: mmap, pinned buffers, or malloc's memory on huge pages. What they do to
+#: generation depends on the host (huge pages ran 1.05x to 1.19x mmap's, interleaved, on three hosts:
+#: benchmarks/results/huge-pages.md) and is the size of one process's scatter, so a search that measures each
+#: configuration once ranks them by luck: on a host where huge pages ran the 8 GiB placement 1.16x as fast, two
+#: sweeps measured 8 huge-page trials, 5 below their mmap twins, and confirmed none (benchmarks/results/vs-fit-h100.md,
+#: f0898b6). The confirmation measures the leader's twins in them beside it, in the same interleaved rounds.
+HOST_BUFFER_KNOBS = ("load_mode", "huge_pages")
+
+
+def _other_knobs(config: Mapping[str, Any]) -> str:
+    return repr(sorted((k, v) for k, v in config.items() if k not in HOST_BUFFER_KNOBS))
+
+
+def _host_buffer(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(config.get(k) for k in HOST_BUFFER_KNOBS)
+
+
+def host_buffer_twins(leader: TrialRecord, ranked: list[TrialRecord]) -> list[TrialRecord]:
+    """For each other way of holding the weights in RAM that was measured with every other knob as the leader's, the
+    best-ranked trial that measured it (`ranked`: best first)."""
+    twins: dict[tuple[Any, ...], TrialRecord] = {}
+    for t in ranked:
+        held = _host_buffer(t.config)
+        if held != _host_buffer(leader.config) and held not in twins and _other_knobs(t.config) == _other_knobs(
+                leader.config):
+            twins[held] = t
+    return list(twins.values())
+
 
 def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[TrialRecord]:
-    """The best `top_k` feasible successful trials with distinct configurations, drift-flagged ones left out, and
-    the best llama-fit-params baseline among them or beside them: what the answer has to beat is measured with it."""
+    """The best `top_k` feasible successful trials with distinct configurations, drift-flagged ones left out; the
+    best llama-fit-params baseline among them or beside them: what the answer has to beat is measured with it; and
+    the leader's host-buffer twins (HOST_BUFFER_KNOBS) among them or beside them."""
     flagged = flagged_trials(study)
     scored = []
     for t in Store(study).records(states=(TrialState.COMPLETE,)):
@@ -63,15 +92,25 @@ def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> lis
         if len(out) == top_k:
             break
     baseline = next((t for _, t in scored if is_fit_trial(t)), None)
-    if baseline is not None and repr(sorted(baseline.config.items())) not in seen:
-        out.append(baseline)
+    twins = host_buffer_twins(out[0], [t for _, t in scored]) if out else []
+    for t in ([baseline] if baseline is not None else []) + twins:
+        key = repr(sorted(t.config.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
     return out
 
 
 def finalist_label(chosen: dict[int, TrialRecord]) -> Callable[[int], str]:
-    """Names a finalist, the llama-fit-params baseline as such."""
-    fit = {n for n, t in chosen.items() if is_fit_trial(t)}
-    return lambda n: f"trial {n}" + (" (llama-fit-params' answer)" if n in fit else "")
+    """Names a finalist, the llama-fit-params baseline and the leader's host-buffer twins as such (`chosen` in the
+    order finalists() gives, the leader first)."""
+    notes = {n: " (llama-fit-params' answer)" for n, t in chosen.items() if is_fit_trial(t)}
+    if chosen:
+        lead = next(iter(chosen.values()))
+        for t in host_buffer_twins(lead, list(chosen.values())):
+            held = ", ".join(f"{k} {v}" for k, v in zip(HOST_BUFFER_KNOBS, _host_buffer(t.config)) if v is not None)
+            notes[t.number] = notes.get(t.number, "") + f" (trial {lead.number} with {held})"
+    return lambda n: f"trial {n}" + notes.get(n, "")
 
 
 def stored_summary(study: optuna.Study, record: Confirmation) -> str:
@@ -224,7 +263,11 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
         return None
     label = finalist_label(chosen)
     fit = [n for n, t in chosen.items() if is_fit_trial(t)]
-    beside = (f" (trial {fit[0]}, llama-fit-params' answer, is the baseline)" if fit else "")
+    lead = next(iter(chosen.values()))
+    twins = [t.number for t in host_buffer_twins(lead, list(chosen.values()))]
+    beside = (f" (trial {fit[0]}, llama-fit-params' answer, is the baseline)" if fit else "") + (
+        f" (trial {', '.join(map(str, twins))}: trial {lead.number} with its weights in RAM held another way, a "
+        "difference one process per configuration cannot tell)" if twins else "")
     note(f"confirming the top {len(chosen)} configurations{beside}: {spec.rounds} interleaved rounds in fresh "
          f"processes (up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"

@@ -153,6 +153,31 @@ def test_llama_fit_params_answer_is_confirmed_beside_the_leaders():
     assert [t.number for t in finalists(study, {"tg": 1.0}, top_k=5)] == [2, 1, 3, 4, 0]  # among them: once
 
 
+def test_the_leaders_host_buffer_twins_are_confirmed_beside_it():
+    """How the weights kept in RAM are held (mmap, pinned, huge pages) moves generation by about one process's
+    scatter: the leader's measured twins in it are re-measured beside it whatever their rank, the best-ranked one
+    per way of holding them, and only twins: a trial that also differs in another knob is not one."""
+    study = optuna.create_study(direction="maximize")
+    dist = {"threads": CategoricalDistribution([1, 2]), "load_mode": CategoricalDistribution(["mmap", "none"]),
+            "huge_pages": CategoricalDistribution([0, 1])}
+    for threads, load_mode, huge_pages, tg in ((2, "mmap", 0, 100.0), (1, "mmap", 0, 99.0), (1, "none", 1, 98.0),
+                                               (2, "none", 1, 90.0), (2, "none", 1, 92.0), (2, "none", 0, 80.0),
+                                               (1, "none", 0, 97.0)):
+        params = {"threads": threads, "load_mode": load_mode, "huge_pages": huge_pages}
+        study.add_trial(create_trial(
+            params=params, distributions=dist, value=tg, state=TrialState.COMPLETE,
+            user_attrs={"outcome": "ok", "tg_samples": [tg], "config": {"model": "m", **params}}))
+    chosen = finalists(study, {"tg": 1.0}, top_k=2)
+    # the top two (trials 0 and 1), then trial 0's twins: on huge pages (trial 4 ranks above trial 3, the same
+    # configuration) and pinned (trial 5); trial 2 and 6 differ in threads too
+    assert [t.number for t in chosen] == [0, 1, 4, 5]
+    label = finalist_label({t.number: t for t in chosen})
+    assert label(4) == "trial 4 (trial 0 with load_mode none, huge_pages 1)"
+    assert label(5) == "trial 5 (trial 0 with load_mode none, huge_pages 0)"
+    assert label(1) == "trial 1"
+    assert [t.number for t in finalists(study, {"tg": 1.0}, top_k=3)] == [0, 1, 2, 4, 5]
+
+
 # ------------------------------------------------------------------------------------------------ real runs
 
 
