@@ -10,7 +10,8 @@ Each round runs every variant once, in an order rotated each round; one line per
 (with the command and environment it ran, so the file says what was measured), so a run cut short keeps its rounds.
 The summary prints per variant the median tg and pp (one score per process: the median of its repetitions) and the
 huge-page variant's ratio to each other with a 95% bootstrap CI and the Mann-Whitney p
-(autoinfer.measure.stats.compare).
+(autoinfer.measure.stats.compare), and by round: the geometric mean of the rounds' ratios, where both ran, with its t
+interval and the paired t-test's p (compare_paired), in which a drift that moves a whole round cancels.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from autoinfer.engines.llama_common import HUGE_PAGES
-from autoinfer.measure.stats import compare
+from autoinfer.measure.stats import compare, compare_paired
 
 VARIANTS = {"pinned": (["-lm", "none"], {}),
             "pageable": (["-lm", "none", "--no-host", "1"], {}),
@@ -78,6 +79,7 @@ def measure(args: argparse.Namespace) -> None:
 
 def summary(paths: list[Path]) -> None:
     scores: dict[str, dict[str, list[float]]] = {}
+    by_round: dict[str, dict[str, dict[tuple[str, int], float]]] = {}  # variant → kind → (file, round) → score
     huge: dict[str, list[float]] = {}
     for path in paths:
         for line in path.read_text().splitlines():
@@ -87,7 +89,9 @@ def summary(paths: list[Path]) -> None:
             name = record["variant"]
             for test in record["tests"]:
                 kind = "pp" if test["n_prompt"] else "tg"
-                scores.setdefault(name, {"tg": [], "pp": []})[kind].append(statistics.median(test["samples_ts"]))
+                score = statistics.median(test["samples_ts"])
+                scores.setdefault(name, {"tg": [], "pp": []})[kind].append(score)
+                by_round.setdefault(name, {"tg": {}, "pp": {}})[kind][(str(path), record["round"])] = score
             huge.setdefault(name, []).append(record["peak_kib"]["AnonHugePages"] / 2 ** 20)
     print("| host buffer | processes | tg median [range] | pp median | AnonHugePages GiB (median) |")
     print("|---|---|---|---|---|")
@@ -97,12 +101,20 @@ def summary(paths: list[Path]) -> None:
     if min((len(s["tg"]) for s in scores.values()), default=0) < 2 or "huge pages" not in scores:
         print("\nno ratios: they need 2 or more successful processes of every variant, huge pages among them")
         return
-    print("\n| huge pages against | tg ratio [95% CI] | pp ratio [95% CI] |")
-    print("|---|---|---|")
+    print("\n| huge pages against | tg ratio [95% CI] | pp ratio [95% CI] | tg by round [95% CI] | pp by round [95% CI] |")
+    print("|---|---|---|---|---|")
     for name in (n for n in scores if n != "huge pages"):
         cells = []
         for kind in ("tg", "pp"):
             c = compare(scores["huge pages"][kind], scores[name][kind])
+            cells.append(f"{c.ratio:.2f} [{c.ratio_ci[0]:.2f}, {c.ratio_ci[1]:.2f}] p={c.p_value:.4f}")
+        for kind in ("tg", "pp"):
+            mine, theirs = by_round["huge pages"][kind], by_round[name][kind]
+            both = sorted(set(mine) & set(theirs))
+            if len(both) < 2:
+                cells.append(f"{len(both)} round(s) with both")
+                continue
+            c = compare_paired([mine[k] for k in both], [theirs[k] for k in both])
             cells.append(f"{c.ratio:.2f} [{c.ratio_ci[0]:.2f}, {c.ratio_ci[1]:.2f}] p={c.p_value:.4f}")
         print(f"| {name} | {' | '.join(cells)} |")
 

@@ -106,8 +106,8 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
     baseline) without extra rounds: the interleaved comparison that follows is the check across processes, and the
     GPU time goes to it. The confirmation also re-measures the leader's measured twins in how the weights kept in RAM
     are held (autoinfer/sweep/confirm.py, HOST_BUFFER_KNOBS): runs before it (vs-fit-h100.md, 6442b1d and f0898b6)
-    left out the answer's placement on huge pages, which ran 1.05x and 1.16x mmap's generation interleaved
-    afterwards on those hosts."""
+    left out the answer's placement on huge pages, which ran 1.05x and 1.21x (by round) mmap's generation
+    interleaved afterwards on those hosts."""
     spec = yaml.safe_load(CAMPAIGN.read_text())
     spec.update(model=str(model), name=f"vs-fit-{budget:.0f}")
     spec["constraints"]["vram_mib"] = budget

@@ -41,11 +41,12 @@ from autoinfer.store.records import (
 from autoinfer.store.trials import Store, flagged_trials
 
 #: How the weights kept in RAM are held: mmap, pinned buffers, or malloc's memory on huge pages. What they do to
-#: generation depends on the host (huge pages ran 1.05x to 1.19x mmap's, interleaved, on three hosts:
-#: benchmarks/results/huge-pages.md) and is the size of one process's scatter, so a search that measures each
-#: configuration once ranks them by luck: on a host where huge pages ran the 8 GiB placement 1.16x as fast, two
-#: sweeps measured 8 huge-page trials, 5 below their mmap twins, and confirmed none (benchmarks/results/vs-fit-h100.md,
-#: f0898b6). The confirmation measures the leader's twins in them beside it, in the same interleaved rounds.
+#: generation depends on the host (huge pages against mmap at one placement, by round: 1.05 [1.02, 1.09] on an H100
+#: host, 1.25 [1.09, 1.44] on an H200 host, 1.21 [0.86, 1.71] in 3 rounds on another H100 host;
+#: benchmarks/results/huge-pages.md) and is about one process's scatter, so a search that measures each
+#: configuration once ranks them by luck: on that last host two sweeps measured 8 huge-page trials, 5 below their
+#: mmap twins, and confirmed none (benchmarks/results/vs-fit-h100.md, f0898b6). The confirmation measures the
+#: leader's twins in them beside it, in the same interleaved rounds.
 HOST_BUFFER_KNOBS = ("load_mode", "huge_pages")
 
 
