@@ -125,23 +125,3 @@ def test_fits_answer_is_modelled_at_the_threads_llama_cpp_gives_it(monkeypatch, 
     assert as_ran(TrialConfig(tiny_model)).threads == 16
     assert as_ran(TrialConfig(tiny_model, threads=6)).threads == 6
 
-
-def test_the_rounds_table_reads_a_stored_run_by_round(monkeypatch, capsys):
-    """benchmarks/vs_fit_rounds.py prints each stored budget's ratio of medians and its ratio by round, both from
-    the runs the result file keeps."""
-    import json
-
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from vs_fit_rounds import main
-
-    result = BENCHMARKS / "results" / "vs-fit-h100-f0898b6.json"
-    assert main([str(result)]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {result.name} ")]
-    records = json.loads(result.read_text())
-    assert len(rows) == len(records)
-    for row, record in zip(rows, records):
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        ours, fit = np.array(record["runs"]["ours"]["tg"]), np.array(record["runs"]["fit"]["tg"])
-        assert cells[1] == f"{record['budget_mib']:.0f}"
-        assert cells[4].startswith(f"{np.median(ours) / np.median(fit):.2f} [")
-        assert cells[5].startswith(f"{np.exp(np.mean(np.log(ours / fit))):.2f} [")

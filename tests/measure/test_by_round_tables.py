@@ -1,0 +1,62 @@
+"""The benchmarks that interleave configurations in rounds read their stored runs by round too (the geometric mean
+of the rounds' ratios, autoinfer.measure.stats.compare_paired), from the files they keep: vs_fit.py's results
+(benchmarks/vs_fit_rounds.py) and huge_pages.py's process lines (its --summary)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_the_vs_fit_rounds_table_reads_a_stored_run_by_round(monkeypatch, capsys):
+    """Each stored budget's ratio of medians and its ratio by round, both from the runs the result file keeps."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit_rounds import main
+
+    result = BENCHMARKS / "results" / "vs-fit-h100-f0898b6.json"
+    assert main([str(result)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {result.name} ")]
+    records = json.loads(result.read_text())
+    assert len(rows) == len(records)
+    for row, record in zip(rows, records):
+        cells = _cells(row)
+        ours, fit = np.array(record["runs"]["ours"]["tg"]), np.array(record["runs"]["fit"]["tg"])
+        assert cells[1] == f"{record['budget_mib']:.0f}"
+        assert cells[4].startswith(f"{np.median(ours) / np.median(fit):.2f} [")
+        assert cells[5].startswith(f"{np.exp(np.mean(np.log(ours / fit))):.2f} [")
+
+
+def test_the_huge_pages_summary_pairs_the_variants_by_round(monkeypatch, capsys, tmp_path):
+    """A round where one variant failed leaves that round out of the pairs; the ratio by round is the geometric mean
+    of the rounds where both ran."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["huge_pages.py", "--summary", str(tmp_path / "runs.jsonl")])
+    from huge_pages import main
+
+    tg = {"huge pages": [100.0, 110.0, 120.0, 90.0], "mmap": [90.0, 100.0, 100.0, 80.0]}
+    lines = []
+    for r in range(4):
+        for variant, values in tg.items():
+            failed = variant == "mmap" and r == 3
+            tests = [{"n_prompt": 512, "n_gen": 0, "samples_ts": [500.0 + r]},
+                     {"n_prompt": 0, "n_gen": 64, "samples_ts": [values[r]]}]
+            lines.append(json.dumps({"round": r, "variant": variant, "rc": 1 if failed else 0, "tests": tests,
+                                     "peak_kib": {"AnonHugePages": 0}}))
+    (tmp_path / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    main()
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mmap | ")][-1]  # ratios
+    cells = _cells(row)
+    assert cells[1].startswith(f"{statistics.median(tg['huge pages']) / statistics.median(tg['mmap'][:3]):.2f} [")
+    by_round = np.exp(np.mean(np.log(np.array(tg["huge pages"][:3]) / np.array(tg["mmap"][:3]))))
+    assert cells[3].startswith(f"{by_round:.2f} [")
+    assert cells[4].startswith("1.00 [")  # the prompts ran alike round by round
