@@ -10,7 +10,9 @@ were one candidate for the rest (benchmarks/results/host-knobs-h200.md: --poll a
 
 Each round runs the configuration as given and every variant once, in an order rotated each round. Prints per
 configuration the median tg and pp over the rounds (one score per process: the median of its repetitions), and each
-variant's ratio to the configuration as given with a 95% bootstrap CI and the Mann-Whitney p.
+variant's ratio to the configuration as given with a 95% bootstrap CI and the Mann-Whitney p, and by round (the
+geometric mean of the rounds' ratios, its t interval and the paired t-test's p), where a drift that moves a whole
+round cancels.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.llama_common import bench_args, env_words
 from autoinfer.measure.gpu import measured_gpus
-from autoinfer.measure.stats import compare
+from autoinfer.measure.stats import compare, compare_paired
 
 
 def variants(config: TrialConfig, vary: list[str]) -> dict[str, TrialConfig]:
@@ -81,18 +83,20 @@ def main() -> None:
     runs = interleave(configs, args.rounds, args.timeout_s)
     given = runs["as given"]
     print(f"\n{args.rounds} rounds, interleaved\n")
-    print("| configuration | tg median | pp median | tg vs as given [95% CI] | pp vs as given [95% CI] |")
-    print("|---|---|---|---|---|")
+    print("| configuration | tg median | pp median | tg vs as given [95% CI] | pp vs as given [95% CI] "
+          "| tg by round [95% CI] | pp by round [95% CI] |")
+    print("|---|---|---|---|---|---|---|")
     for name, run in runs.items():
         cells = []
-        for metric in ("tg", "pp"):
-            if name == "as given":
-                cells.append("—")
-                continue
-            c = compare(run[metric], given[metric])
-            cells.append(f"{c.ratio:.3f} [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}] p={c.p_value:.3f}")
+        for way in (compare, compare_paired):
+            for metric in ("tg", "pp"):
+                if name == "as given":
+                    cells.append("—")
+                    continue
+                c = way(run[metric], given[metric])
+                cells.append(f"{c.ratio:.3f} [{c.ratio_ci[0]:.3f}, {c.ratio_ci[1]:.3f}] p={c.p_value:.3f}")
         print(f"| {name} | {statistics.median(run['tg']):.1f} | {statistics.median(run['pp']):.0f} | "
-              f"{cells[0]} | {cells[1]} |")
+              + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

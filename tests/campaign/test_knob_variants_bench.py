@@ -1,5 +1,6 @@
 """benchmarks/knob_variants.py on the CPU build and the tiny model: a configuration and its one-knob variants,
-interleaved, each variant's ratio to it with a CI; bad --vary and --budget get one line and exit 2."""
+interleaved, each variant's ratio to it with a CI, as two samples and by round; bad --vary and --budget get one line
+and exit 2."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ def test_each_variant_runs_with_its_flag_and_is_set_against_the_configuration(tm
     done = _run([str(answer), "--vary", "poll=0,100", "--vary", "threads=2", "--rounds", "2"], llama_tools)
     assert done.returncode == 0, done.stderr[-2000:]
     assert sum(line.startswith("round ") for line in done.stdout.splitlines()) == 2 * 4
-    rows = {line.split("|")[1].strip(): line.split("|")[2:6] for line in done.stdout.splitlines()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:8] for line in done.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| configuration")}
     assert list(rows) == ["as given", "poll=0", "poll=100", "threads=2"]
-    assert rows["as given"][2].strip() == "—"
-    assert all(float(tg) > 0 and "[" in ratio for tg, _, ratio, _ in list(rows.values())[1:])
+    assert [c.strip() for c in rows["as given"][2:]] == ["—"] * 4
+    assert all(float(tg) > 0 and "[" in ratio and "[" in by_round
+               for tg, _, ratio, _, by_round, _ in list(rows.values())[1:])
 
 
 def test_a_vs_fit_result_needs_one_of_its_budgets(tmp_path, llama_tools):
