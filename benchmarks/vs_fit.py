@@ -160,6 +160,7 @@ def peaks(runs: dict[str, dict[str, list]]) -> dict[str, float]:
 
 def table_row(budget: float, runs: dict[str, dict[str, list[float]]], ratios: dict[str, Comparison],
               peak: dict[str, float]) -> str:
+    """One budget's line of the vs-fit table (write() gives its header)."""
     def ci(c: Comparison) -> str:
         return f"{c.ratio:.2f} [{c.ratio_ci[0]:.2f}, {c.ratio_ci[1]:.2f}]"
 
