@@ -78,21 +78,23 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def summary(paths: list[Path]) -> None:
-    scores: dict[str, dict[str, list[float]]] = {}
-    by_round: dict[str, dict[str, dict[tuple[str, int], float]]] = {}  # variant → kind → (file, round) → score
+    # variant → kind → (file, run in it, round) → score: --out appends, and each run counts its rounds from 0
+    by_round: dict[str, dict[str, dict[tuple[str, int, int], float]]] = {}
     huge: dict[str, list[float]] = {}
     for path in paths:
+        run, last = 0, -1
         for line in path.read_text().splitlines():
             record = json.loads(line)
+            run, last = run + (record["round"] < last), record["round"]
             if record["rc"]:
                 continue
             name = record["variant"]
             for test in record["tests"]:
                 kind = "pp" if test["n_prompt"] else "tg"
-                score = statistics.median(test["samples_ts"])
-                scores.setdefault(name, {"tg": [], "pp": []})[kind].append(score)
-                by_round.setdefault(name, {"tg": {}, "pp": {}})[kind][(str(path), record["round"])] = score
+                by_round.setdefault(name, {"tg": {}, "pp": {}})[kind][(str(path), run, record["round"])] = (
+                    statistics.median(test["samples_ts"]))
             huge.setdefault(name, []).append(record["peak_kib"]["AnonHugePages"] / 2 ** 20)
+    scores = {name: {kind: list(s.values()) for kind, s in kinds.items()} for name, kinds in by_round.items()}
     print("| host buffer | processes | tg median [range] | pp median | AnonHugePages GiB (median) |")
     print("|---|---|---|---|---|")
     for name, s in scores.items():

@@ -42,7 +42,7 @@ from autoinfer.store.trials import Store, flagged_trials
 
 #: How the weights kept in RAM are held: mmap, pinned buffers, or malloc's memory on huge pages. What they do to
 #: generation depends on the host (huge pages against mmap at one placement, by round: 1.05 [1.02, 1.09] on an H100
-#: host, 1.25 [1.09, 1.44] on an H200 host, 1.21 [0.86, 1.71] in 3 rounds on another H100 host;
+#: host, 1.20 [1.11, 1.30] on an H200 host, 1.21 [0.86, 1.71] in 3 rounds on another H100 host;
 #: benchmarks/results/huge-pages.md) and is about one process's scatter, so a search that measures each
 #: configuration once ranks them by luck: on that last host two sweeps measured 8 huge-page trials, 5 below their
 #: mmap twins, and confirmed none (benchmarks/results/vs-fit-h100.md, f0898b6). The confirmation measures the

@@ -60,3 +60,23 @@ def test_the_huge_pages_summary_pairs_the_variants_by_round(monkeypatch, capsys,
     by_round = np.exp(np.mean(np.log(np.array(tg["huge pages"][:3]) / np.array(tg["mmap"][:3]))))
     assert cells[3].startswith(f"{by_round:.2f} [")
     assert cells[4].startswith("1.00 [")  # the prompts ran alike round by round
+
+
+def test_the_huge_pages_summary_pairs_rounds_within_each_appended_run(monkeypatch, capsys, tmp_path):
+    """--out appends, and each run counts its rounds from 0: round 0 of the second run is paired with its own round
+    0, not with the first run's."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", ["huge_pages.py", "--summary", str(tmp_path / "runs.jsonl")])
+    from huge_pages import main
+
+    runs = [{"huge pages": [100.0, 102.0], "mmap": [50.0, 51.0]}, {"huge pages": [100.0, 102.0], "mmap": [100.0, 102.0]}]
+    lines = [json.dumps({"round": r, "variant": variant, "rc": 0, "peak_kib": {"AnonHugePages": 0},
+                         "tests": [{"n_prompt": 512, "n_gen": 0, "samples_ts": [500.0]},
+                                   {"n_prompt": 0, "n_gen": 64, "samples_ts": [values[r]]}]})
+             for run in runs for r in range(2) for variant, values in run.items()]
+    (tmp_path / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    main()
+    out = capsys.readouterr().out.splitlines()
+    assert _cells([line for line in out if line.startswith("| huge pages | ")][0])[1] == "4"  # every process counted
+    cells = _cells([line for line in out if line.startswith("| mmap | ")][-1])
+    assert cells[3].startswith(f"{2 ** 0.5:.2f} [")  # twice mmap's speed in the first run's rounds, alike in the second
