@@ -50,8 +50,13 @@ from autoinfer.store.trials import Store, flagged_trials
 HOST_BUFFER_KNOBS = ("load_mode", "huge_pages")
 
 
+def config_key(config: Mapping[str, Any]) -> str:
+    """Equal for trials that ran the same configuration."""
+    return repr(sorted(config.items()))
+
+
 def _other_knobs(config: Mapping[str, Any]) -> str:
-    return repr(sorted((k, v) for k, v in config.items() if k not in HOST_BUFFER_KNOBS))
+    return config_key({k: v for k, v in config.items() if k not in HOST_BUFFER_KNOBS})
 
 
 def _host_buffer(config: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -62,12 +67,18 @@ def host_buffer_twins(leader: TrialRecord, ranked: list[TrialRecord]) -> list[Tr
     """For each other way of holding the weights in RAM that was measured with every other knob as the leader's, the
     best-ranked trial that measured it (`ranked`: best first)."""
     twins: dict[tuple[Any, ...], TrialRecord] = {}
+    own, others = _host_buffer(leader.config), _other_knobs(leader.config)
     for t in ranked:
         held = _host_buffer(t.config)
-        if held != _host_buffer(leader.config) and held not in twins and _other_knobs(t.config) == _other_knobs(
-                leader.config):
+        if held != own and held not in twins and _other_knobs(t.config) == others:
             twins[held] = t
     return list(twins.values())
+
+
+def leader_twins(chosen: dict[int, TrialRecord]) -> list[TrialRecord]:
+    """The host-buffer twins among finalists (`chosen` in the order finalists() gives, the leader first)."""
+    ordered = list(chosen.values())
+    return host_buffer_twins(ordered[0], ordered) if ordered else []
 
 
 def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> list[TrialRecord]:
@@ -83,34 +94,26 @@ def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> lis
         if value is not None:
             scored.append((value, t))
     scored.sort(key=lambda vt: -vt[0])
-    out: list[TrialRecord] = []
-    seen: set[str] = set()
-    for _, t in scored:
-        key = repr(sorted(t.config.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
+    ranked = [t for _, t in scored]
+    out: dict[str, TrialRecord] = {}  # by configuration: the first, best-ranked trial of each
+    for t in ranked:
+        out.setdefault(config_key(t.config), t)
         if len(out) == top_k:
             break
-    baseline = next((t for _, t in scored if is_fit_trial(t)), None)
-    twins = host_buffer_twins(out[0], [t for _, t in scored]) if out else []
-    for t in ([baseline] if baseline is not None else []) + twins:
-        key = repr(sorted(t.config.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
+    baseline = [t for t in ranked if is_fit_trial(t)][:1]
+    twins = host_buffer_twins(next(iter(out.values())), ranked) if out else []
+    for t in baseline + twins:
+        out.setdefault(config_key(t.config), t)
+    return list(out.values())
 
 
 def finalist_label(chosen: dict[int, TrialRecord]) -> Callable[[int], str]:
     """Names a finalist, the llama-fit-params baseline and the leader's host-buffer twins as such (`chosen` in the
     order finalists() gives, the leader first)."""
     notes = {n: " (llama-fit-params' answer)" for n, t in chosen.items() if is_fit_trial(t)}
-    if chosen:
-        lead = next(iter(chosen.values()))
-        for t in host_buffer_twins(lead, list(chosen.values())):
-            held = ", ".join(f"{k} {v}" for k, v in zip(HOST_BUFFER_KNOBS, _host_buffer(t.config)) if v is not None)
-            notes[t.number] = notes.get(t.number, "") + f" (trial {lead.number} with {held})"
+    for t in leader_twins(chosen):
+        held = ", ".join(f"{k} {v}" for k, v in zip(HOST_BUFFER_KNOBS, _host_buffer(t.config)) if v is not None)
+        notes[t.number] = notes.get(t.number, "") + f" (trial {next(iter(chosen))} with {held})"
     return lambda n: f"trial {n}" + notes.get(n, "")
 
 
@@ -264,11 +267,10 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
         return None
     label = finalist_label(chosen)
     fit = [n for n, t in chosen.items() if is_fit_trial(t)]
-    lead = next(iter(chosen.values()))
-    twins = [t.number for t in host_buffer_twins(lead, list(chosen.values()))]
+    twins = [t.number for t in leader_twins(chosen)]
     beside = (f" (trial {fit[0]}, llama-fit-params' answer, is the baseline)" if fit else "") + (
-        f" (trial {', '.join(map(str, twins))}: trial {lead.number} with its weights in RAM held another way, a "
-        "difference one process per configuration cannot tell)" if twins else "")
+        f" (trial {', '.join(map(str, twins))}: trial {next(iter(chosen))} with its weights in RAM held another way, "
+        "a difference one process per configuration cannot tell)" if twins else "")
     note(f"confirming the top {len(chosen)} configurations{beside}: {spec.rounds} interleaved rounds in fresh "
          f"processes (up to {spec.max_rounds} while the leaders' ratio is wider than ±{spec.precision:.0%})")
     folder = results_dir() / study.study_name / "confirm"

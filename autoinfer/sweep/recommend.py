@@ -29,7 +29,7 @@ from autoinfer.measure.stats import bootstrap_ci
 from autoinfer.store import trials as store
 from autoinfer.store.records import Alternative, Confirmation, DriftState, TrialRecord
 from autoinfer.store.trials import Store
-from autoinfer.sweep.confirm import lighter_alternative
+from autoinfer.sweep.confirm import config_key, lighter_alternative
 from autoinfer.sweep.drift import busy_verdict
 
 CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
@@ -72,10 +72,6 @@ class Recommendation:
         memory = f", {self.memory_kind} {self.memory_mib:.0f} MiB" if self.memory_mib is not None else ""
         return (f"recommended: trial {self.trial}, {self.speed:.2f}{' ' + self.unit if self.unit else ''} (median "
                 f"of {self.runs} run(s){ci}{memory}); {self.why}")
-
-
-def config_key(config: Mapping[str, Any]) -> str:
-    return repr(sorted(config.items()))
 
 
 def _memory(vram: float | None, rss: float | None) -> tuple[float | None, str]:
