@@ -345,10 +345,21 @@ def describe(config: TrialConfig) -> str:
     return f"{layers}; " + " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
 
 
+def budget_list(text: str) -> list[float]:
+    """MiB budgets separated by commas or spaces (gpu_evidence.sh's other steps take BUDGETS with spaces)."""
+    try:
+        budgets = [float(b) for b in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give budgets in MiB, e.g. 8192,12288") from None
+    if not budgets or min(budgets) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive budgets in MiB, e.g. 8192,12288")
+    return budgets
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--budgets", default="8192,12288,16384")
+    ap.add_argument("--budgets", type=budget_list, default="8192,12288,16384")
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--sweep-wall-s", type=float, default=300, help="wall-time budget of each sweep's search")
     ap.add_argument("--rounds", type=int, default=5)
@@ -369,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     answers: dict[float, dict[str, tuple[TrialConfig, float]]] = {}
     fit_peaks: dict[float, float] = {}
     gpu_gbps = gpu_copy_gbps()
-    for budget in (float(b) for b in args.budgets.split(",")):
+    for budget in args.budgets:
         started = time.monotonic()
         log(f"== budget {budget:.0f} MiB")
         fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)

@@ -125,3 +125,17 @@ def test_fits_answer_is_modelled_at_the_threads_llama_cpp_gives_it(monkeypatch, 
     assert as_ran(TrialConfig(tiny_model)).threads == 16
     assert as_ran(TrialConfig(tiny_model, threads=6)).threads == 6
 
+
+
+def test_vs_fit_takes_budgets_with_commas_or_spaces_and_refuses_others_in_one_line(monkeypatch, capsys):
+    """gpu_evidence.sh's other steps take BUDGETS separated by spaces; vs_fit.py takes both, and a word that is not a
+    budget is a usage error (exit 2) before any GPU is looked for."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit import budget_list, main
+
+    assert budget_list("8192 12288") == budget_list("8192,12288") == [8192.0, 12288.0]
+    for bad in ("8192 x", "", "0"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--model", "m.gguf", "--out", "o", "--budgets", bad])
+        assert exc.value.code == 2
+        assert "--budgets" in capsys.readouterr().err.splitlines()[-1]
