@@ -2,7 +2,9 @@
 process each, and a drift that moves both processes of a round (one run's fit rose from 138 to 162 tok/s over five
 rounds) widens the ratio of the two sides' medians but cancels in each round's ratio. Prints, per stored run and
 budget, vs_fit.py's table row (the two-sample ratio as first printed, and the ratio by round) from the runs the
-result file keeps.
+result file keeps; then the single-GPU runs pooled per budget and over all budgets: each run's ratio by round one
+observation, their geometric mean with a t interval across runs (hosts and search versions differ between runs, so
+this is what a run of the sweep against fit has given, not one configuration's speed).
 
     cd benchmarks && python vs_fit_rounds.py results/vs-fit-*.json > results/vs-fit-by-round.md
 """
@@ -12,9 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from vs_fit import compare_runs, peaks, table_row
+
+from autoinfer.measure.stats import Comparison, compare_paired
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +33,43 @@ def main(argv: list[str] | None = None) -> int:
     print("| result | budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | tg by round [95% CI] | fit pp512 "
           "| ours pp512 | pp ours/fit [95% CI] | pp by round [95% CI] | fit peak MiB | ours peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    by_budget: dict[float, list[Comparison]] = defaultdict(list)
     for path in args.results:
         records = json.loads(path.read_text())
         for record in records if isinstance(records, list) else [records]:
             runs = record["runs"]
-            print(f"| {path.name} " + table_row(record["budget_mib"], runs, compare_runs(runs), peaks(runs)))
+            ratios = compare_runs(runs)
+            print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peaks(runs)))
+            if one_gpu(record):
+                by_budget[record["budget_mib"]].append(ratios["tg_by_round"])
+    print("\n## Single-GPU runs pooled\n\nEach run's tg ratio by round is one observation; `pooled`: their geometric "
+          "mean with a 95% t interval across runs and the t-test's p against 1; `above` / `below`: runs whose own "
+          "interval excludes 1 on that side.\n")
+    print("| budget MiB | runs | pooled tg ours/fit [95% CI] | lowest run | highest run | above 1 | below 1 |")
+    print("|---|---|---|---|---|---|---|")
+    for budget in sorted(by_budget):
+        print(pooled_row(f"{budget:.0f}", by_budget[budget]))
+    print(pooled_row("all", [c for cs in by_budget.values() for c in cs]))
     return 0
+
+
+def one_gpu(record: dict) -> bool:
+    """Whether a stored run measured one GPU: fit split no tensors, and no run kept a peak per GPU for several (older
+    files keep no peaks per GPU)."""
+    runs = record["runs"]
+    return not record["fit"].get("tensor_split") and all(
+        len(p) == 1 for side in ("ours", "fit") for p in runs[side].get("peak_per_gpu", []))
+
+
+def pooled_row(label: str, runs: list[Comparison]) -> str:
+    """One line of the pooled table: the runs' ratios by round as one sample, their geometric mean and interval."""
+    ratios = [c.ratio for c in runs]
+    pooled = compare_paired(ratios, [1.0] * len(ratios)) if len(ratios) > 1 else None
+    cell = "—" if pooled is None else (f"{pooled.ratio:.3f} [{pooled.ratio_ci[0]:.3f}, {pooled.ratio_ci[1]:.3f}] "
+                                       f"p={pooled.p_value:.3f}")
+    above = sum(c.ratio_ci[0] > 1 for c in runs)
+    below = sum(c.ratio_ci[1] < 1 for c in runs)
+    return f"| {label} | {len(runs)} | {cell} | {min(ratios):.2f} | {max(ratios):.2f} | {above} | {below} |"
 
 
 if __name__ == "__main__":

@@ -36,6 +36,33 @@ def test_the_vs_fit_rounds_table_reads_a_stored_run_by_round(monkeypatch, capsys
         assert cells[5].startswith(f"{np.exp(np.mean(np.log(ours / fit))):.2f} [")
 
 
+def test_the_vs_fit_rounds_table_pools_the_single_gpu_runs(monkeypatch, capsys, tmp_path):
+    """Each single-GPU run's ratio by round is one observation of the pooled row; a run on two GPUs (fit split the
+    tensors) stays out of it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit_rounds import main
+
+    def record(budget: float, ours: list[float], split: str | None) -> dict:
+        fit = [100.0, 104.0, 98.0]
+        side = {"pp": [500.0, 510.0, 490.0], "peak": [budget - 100] * 3}
+        return {"budget_mib": budget, "fit": {"tensor_split": split},
+                "runs": {"ours": {"tg": ours, **side}, "fit": {"tg": fit, **side}}}
+
+    ours = {8192.0: [110.0, 112.0, 109.0], 12288.0: [99.0, 106.0, 97.0], 16384.0: [90.0, 95.0, 92.0]}
+    path = tmp_path / "vs-fit-test.json"
+    path.write_text(json.dumps([record(b, tg, None) for b, tg in ours.items()]
+                               + [record(6144.0, [150.0, 160.0, 155.0], "12/29")]))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    by_run = [np.exp(np.mean(np.log(np.array(tg) / np.array([100.0, 104.0, 98.0])))) for tg in ours.values()]
+    pooled = _cells(next(line for line in out.splitlines() if line.startswith("| all | ")))
+    assert pooled[1] == "3"
+    assert pooled[2].startswith(f"{np.exp(np.mean(np.log(by_run))):.3f} [")
+    assert (pooled[3], pooled[4]) == (f"{min(by_run):.2f}", f"{max(by_run):.2f}")
+    assert (pooled[5], pooled[6]) == ("1", "1")  # 8 GiB ran faster than fit every round, 16 GiB slower
+    assert not any(line.startswith("| 6144 | ") for line in out.split("## Single-GPU runs pooled")[1].splitlines())
+
+
 def test_the_huge_pages_summary_pairs_the_variants_by_round(monkeypatch, capsys, tmp_path):
     """A round where one variant failed leaves that round out of the pairs; the ratio by round is the geometric mean
     of the rounds where both ran."""
