@@ -125,7 +125,8 @@ class Confirm(StrictModel):
     top_k: int = Field(3, ge=2)
     rounds: int = Field(5, ge=2)  # fresh runs per configuration; Mann-Whitney needs 4+ to ever see a difference
     alpha: float = Field(0.05, gt=0, lt=1)
-    test: Literal["mannwhitney", "welch"] = "mannwhitney"
+    # paired: round by round (a drift that moves a whole round cancels); mannwhitney, welch: two samples
+    test: Literal["paired", "mannwhitney", "welch"] = "paired"
     # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
     memory_tolerance: float = Field(0.02, ge=0, lt=1)
     # memory breaks a tie only between finalists whose medians are within this fraction of the leader's

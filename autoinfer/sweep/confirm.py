@@ -5,9 +5,12 @@ A search keeps the maximum of many noisy measurements, so its best is biased upw
 started from reported the best of 17 replicates). The top-k distinct configurations are run again, interleaved
 (A B C, B C A, C A B, …) so slow drift hits all of them alike, each run a fresh process: `rounds` rounds, then more
 while the leader/runner-up ratio's 95% CI is wider than ±`precision`, up to `max_rounds`. One score per run (the
-objective on that run's median) is one independent sample; the leader is compared with every other finalist
-(Mann-Whitney U or Welch, Holm-corrected) and the ratio printed as hyperfine does. The objective decides: memory
-breaks a tie only between finalists the test cannot tell apart whose medians are within `speed_tolerance` of the
+objective on that run's median); the leader is compared with every other finalist, Holm-corrected, and the ratio
+printed as hyperfine does. By default round by round (`paired`: the geometric mean of the rounds' ratios, a paired
+t-test on their logs), since a drift that moves every process of a round cancels in that round's ratio: over the
+31 interleaved vs-fit runs on H100/H200 hosts the paired interval was narrower than the two-sample one in 20, by
+0.85x at the median (benchmarks/vs_fit_rounds.py); or as two samples (Mann-Whitney U or Welch). The objective
+decides: memory breaks a tie only between finalists the test cannot tell apart whose medians are within `speed_tolerance` of the
 leader's (peaks within `memory_tolerance` count as the same memory). A finalist that needs clearly less memory is
 offered on its own line, never silently put in the faster one's place.
 """
@@ -25,7 +28,7 @@ from optuna.trial import TrialState
 from autoinfer.campaign.spec import Campaign
 from autoinfer.campaign.spec import Confirm as ConfirmSpec
 from autoinfer.engines.base import Measurement, TrialConfig
-from autoinfer.measure.stats import bootstrap_ci, compare, holm, smallest_p
+from autoinfer.measure.stats import Comparison, bootstrap_ci, compare, compare_paired, holm, smallest_p
 from autoinfer.paths import results_dir
 from autoinfer.search.fit_baseline import is_fit_trial
 from autoinfer.store import trials as store
@@ -149,11 +152,27 @@ def trial_label(n: int) -> str:
     return f"trial {n}"
 
 
+def compare_finalists(a: list[float], a_rounds: list[int] | None, b: list[float], b_rounds: list[int] | None, *,
+                      alpha: float, test: str) -> Comparison:
+    """a against b: round by round for `paired` (the scores' rounds given), else as two samples. A pair with fewer
+    than 2 rounds where both ran is compared as two samples by Mann-Whitney U, which the comparison's test names."""
+    if test != "paired":
+        return compare(a, b, alpha=alpha, test=test)
+    if a_rounds is None or b_rounds is None:
+        raise ValueError("the paired test needs the round of every score")
+    by_a, by_b = dict(zip(a_rounds, a)), dict(zip(b_rounds, b))
+    common = sorted(by_a.keys() & by_b.keys())
+    if len(common) < 2:
+        return compare(a, b, alpha=alpha, test="mannwhitney")
+    return compare_paired([by_a[r] for r in common], [by_b[r] for r in common], alpha=alpha)
+
+
 def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
            memory_tolerance: float = 0.0, speed_tolerance: float = 0.0,
-           label: Callable[[int], str] = trial_label) -> Verdict:
-    """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores);
-    `label` names a finalist in the verdict's reason.
+           label: Callable[[int], str] = trial_label, score_rounds: dict[int, list[int]] | None = None) -> Verdict:
+    """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores, and for
+    the paired test `score_rounds`: trial number → each score's round); `label` names a finalist in the verdict's
+    reason.
 
     Finalists with fewer than 2 successful runs cannot be judged and are left out. The recommendation is the leader,
     unless a finalist tied with it (not different after Holm) and within `speed_tolerance` of its median needs less
@@ -165,7 +184,9 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     medians = {n: statistics.median(s) for n, s in judged.items()}
     leader = max(judged, key=lambda n: medians[n])
     others = [n for n in judged if n != leader]
-    results = [compare(judged[leader], judged[n], alpha=alpha, test=test) for n in others]
+    rounds = score_rounds or {}
+    results = [compare_finalists(judged[leader], rounds.get(leader), judged[n], rounds.get(n), alpha=alpha, test=test)
+               for n in others]
     differ = holm([r.p_value for r in results], alpha)
     tied = [n for n, d in zip(others, differ) if not d]
     close = [leader, *(n for n in tied if medians[n] >= medians[leader] * (1 - speed_tolerance))]
@@ -190,17 +211,21 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
 def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float],
                label: Callable[[int], str] = trial_label) -> str:
     """hyperfine's way of saying how much faster: "trial 3 ran 1.16 ± 0.04 times faster than trial 0" (± is the
-    half-width of the ratio's 95% bootstrap CI)."""
+    half-width of the ratio's 95% CI: the rounds' t interval for the paired test, a bootstrap one for two samples)."""
     return f"{label(a)} ran {ratio:.2f} ± {(ci[1] - ci[0]) / 2:.2f} times faster than {label(b)}"
 
 
-def precise_enough(scores: dict[int, list[float]], precision: float, test: str) -> bool:
-    """Whether the leader/runner-up ratio's CI is within ±precision (relative to the ratio)."""
+def precise_enough(scores: dict[int, list[float]], precision: float, test: str,
+                   score_rounds: dict[int, list[int]] | None = None) -> bool:
+    """Whether the leader/runner-up ratio's CI is within ±precision (relative to the ratio); `score_rounds` as
+    decide() takes them."""
     judged = {n: s for n, s in scores.items() if len(s) >= 2}
     if len(judged) < 2:
         return True
     ranked = sorted(judged, key=lambda n: -statistics.median(judged[n]))
-    c = compare(judged[ranked[0]], judged[ranked[1]], test=test)
+    a, b = ranked[:2]
+    rounds = score_rounds or {}
+    c = compare_finalists(judged[a], rounds.get(a), judged[b], rounds.get(b), alpha=0.05, test=test)
     return (c.ratio_ci[1] - c.ratio_ci[0]) / 2 <= precision * c.ratio
 
 
@@ -221,7 +246,7 @@ def interleave(keys: list[int], run: Callable[[int, int], Measurement], spec: Co
                 bool((m.env.get("idle") or {}).get("busy"))))
         r += 1
         if r >= spec.rounds:
-            if precise_enough(_scores(keys, runs), spec.precision, spec.test):
+            if precise_enough(_scores(keys, runs), spec.precision, spec.test, _rounds(keys, runs)):
                 break
             if r < spec.max_rounds:
                 note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
@@ -231,6 +256,11 @@ def interleave(keys: list[int], run: Callable[[int, int], Measurement], spec: Co
 
 def _scores(keys: list[int], runs: list[ConfirmRun]) -> dict[int, list[float]]:
     return {k: [x.score for x in runs if x.trial == k and x.score is not None] for k in keys}
+
+
+def _rounds(keys: list[int], runs: list[ConfirmRun]) -> dict[int, list[int]]:
+    """The round of each of _scores' scores."""
+    return {k: [x.round for x in runs if x.trial == k and x.score is not None] for k in keys}
 
 
 def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: int, spec: ConfirmSpec,
@@ -250,7 +280,7 @@ def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: 
     verdict = decide({n: list(p.scores) for n, p in per_key.items()},
                      {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_key.items()},
                      alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
-                     speed_tolerance=spec.speed_tolerance, label=label)
+                     speed_tolerance=spec.speed_tolerance, label=label, score_rounds=_rounds(list(params), runs))
     return Confirmation(
         time.time(), spec.alpha, spec.test, rounds, spec.memory_tolerance, spec.speed_tolerance, spec.precision,
         weights, after_trials, tuple(per_key.values()), tuple(runs), verdict)
@@ -297,7 +327,7 @@ def summary(record: Confirmation, label: Callable[[int], str] = trial_label) -> 
         n, m = len(record.finalist(verdict.leader).scores), len(record.finalist(c.trial).scores)
         if c.differ_holm:
             tail = ""
-        elif smallest_p(n, m, record.test) >= record.alpha:  # a narrow ratio CI must not read as a measured tie
+        elif smallest_p(n, m, c.test) >= record.alpha:  # a narrow ratio CI must not read as a measured tie
             tail = f" (too few runs to tell apart: {n} against {m} cannot differ at alpha={record.alpha})"
         else:
             tail = f" (not different at alpha={record.alpha})"

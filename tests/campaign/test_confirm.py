@@ -3,6 +3,7 @@ ties resolved toward the cheaper configuration; `status` and `export` show the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -34,7 +35,7 @@ def _campaign(**keys):
 def test_confirm_defaults():
     c = _campaign()
     assert (c.confirm.enabled, c.confirm.top_k, c.confirm.rounds, c.confirm.alpha, c.confirm.test) == (
-        True, 3, 5, 0.05, "mannwhitney")
+        True, 3, 5, 0.05, "paired")
 
 
 @pytest.mark.parametrize("key,value", [("top_k", 1), ("rounds", 1), ("alpha", 0.0), ("test", "ks"),
@@ -107,9 +108,34 @@ def test_the_ratio_line_says_when_the_runs_were_too_few_to_differ(fast, slow, ta
     different at alpha=0.05)")."""
     runs = [ConfirmRun(r, n, "ok", "", x, (x,), (), 1000.0, 1000.0, False)
             for n, xs in ((0, fast), (1, slow)) for r, x in enumerate(xs)]
-    record = judge({0: {}, 1: {}}, runs, len(fast), _campaign().confirm, {"tg": 1.0}, None)
+    record = judge({0: {}, 1: {}}, runs, len(fast), _campaign(confirm={"test": "mannwhitney"}).confirm, {"tg": 1.0},
+                   None)
     line = summary(record).splitlines()[-1]
     assert line.startswith("  trial 0 ran") and line.endswith("times faster than trial 1" + (" " + tail if tail else ""))
+
+
+def test_the_default_paired_test_compares_round_by_round_and_a_drift_cancels():
+    """Both finalists drift up 30% over five rounds and 0 runs 5% faster in each: as two samples the drift hides it
+    (Mann-Whitney), round by round it is told apart, the ratio the rounds' geometric mean. A round where one of them
+    failed is left out of their pairs; a pair with fewer than 2 rounds in common is compared as two samples, and the
+    comparison names the test it used."""
+    slow = [100.0, 108.0, 115.0, 122.0, 130.0]
+    fast = [x * 1.05 * j for x, j in zip(slow, (1.0, 0.99, 1.01, 1.0, 0.995))]
+    runs = [ConfirmRun(r, n, "ok", "", x, (x,), (), 1000.0, 1000.0, False)
+            for n, xs in ((0, fast), (1, slow)) for r, x in enumerate(xs)]
+    spec = _campaign().confirm
+    paired = judge({0: {}, 1: {}}, runs, 5, spec, {"tg": 1.0}, None).verdict.comparisons[0]
+    assert (paired.test, paired.differ_holm) == ("paired-t", True)
+    assert paired.ratio == pytest.approx(1.05, abs=0.005) and paired.ratio_ci[0] > 1
+    two = judge({0: {}, 1: {}}, runs, 5, _campaign(confirm={"test": "mannwhitney"}).confirm, {"tg": 1.0}, None)
+    assert not two.verdict.comparisons[0].differ_holm
+    failed = [dataclasses.replace(x, outcome="oom", score=None) if (x.trial, x.round) == (1, 2) else x for x in runs]
+    left_out = judge({0: {}, 1: {}}, failed, 5, spec, {"tg": 1.0}, None).verdict.comparisons[0]
+    assert left_out.ratio == pytest.approx(1.05, abs=0.005) and left_out.test == "paired-t"
+    apart = [x for x in runs if (x.trial == 0 and x.round < 2) or (x.trial == 1 and x.round >= 2)]
+    assert judge({0: {}, 1: {}}, apart, 5, spec, {"tg": 1.0}, None).verdict.comparisons[0].test == "mannwhitney"
+    assert precise_enough({0: fast, 1: slow}, 0.03, "paired", {0: list(range(5)), 1: list(range(5))})
+    assert not precise_enough({0: fast, 1: slow}, 0.03, "mannwhitney")
 
 
 def test_finalist_without_two_successful_runs_is_not_judged():
@@ -244,11 +270,13 @@ def test_interleaved_confirmation_in_fresh_processes_and_status_export(llama_too
 
 @pytest.mark.slow
 def test_too_few_rounds_is_a_tie_and_the_objective_still_decides(llama_tools, tiny_model, small_model):
-    """Three runs per side can never differ at alpha=0.05 (Mann-Whitney): whatever the speeds, that is a tie. The
-    small model is several times slower, far outside the speed tolerance, so memory does not decide: the faster
-    median is recommended and the ratio is printed as hyperfine does."""
+    """Three runs per side can never differ at alpha=0.05 by Mann-Whitney (the two-sample test a campaign may choose
+    instead of the paired default): whatever the speeds, that is a tie. The small model is several times slower, far
+    outside the speed tolerance, so memory does not decide: the faster median is recommended and the ratio is
+    printed as hyperfine does."""
     campaign = _two_model_campaign(llama_tools, tiny_model, small_model,
-                                   confirm={"enabled": False, "top_k": 2, "rounds": 3, "max_rounds": 3})
+                                   confirm={"enabled": False, "top_k": 2, "rounds": 3, "max_rounds": 3,
+                                            "test": "mannwhitney"})
     study = runner.open_study(campaign, campaign.name, default_storage())
     for model in (str(tiny_model), str(small_model)):
         study.enqueue_trial({"model": model})
