@@ -4,7 +4,9 @@ rounds) widens the ratio of the two sides' medians but cancels in each round's r
 budget, vs_fit.py's table row (the two-sample ratio as first printed, and the ratio by round) from the runs the
 result file keeps; then the single-GPU runs pooled per budget and over all budgets: each run's ratio by round one
 observation, their geometric mean with a t interval across runs (hosts and search versions differ between runs, so
-this is what a run of the sweep against fit has given, not one configuration's speed).
+this is what a run of the sweep against fit has given, not one configuration's speed); then each run's bandwidth
+account as vs_fit.py stored it: the share of its bandwidth ceiling (the tg no placement of its weight bytes could
+beat at the host's measured read bandwidth and the GPU's copy bandwidth) each side's median reached.
 
     cd benchmarks && python vs_fit_rounds.py results/vs-fit-*.json > results/vs-fit-by-round.md
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
           "| ours pp512 | pp ours/fit [95% CI] | pp by round [95% CI] | fit peak MiB | ours peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     by_budget: dict[float, list[Comparison]] = defaultdict(list)
+    ceilings: list[str] = []
     for path in args.results:
         records = json.loads(path.read_text())
         for record in records if isinstance(records, list) else [records]:
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peaks(runs)))
             if one_gpu(record):
                 by_budget[record["budget_mib"]].append(ratios["tg_by_round"])
+            if record.get("bandwidth"):
+                ceilings.append(f"| {path.name} " + ceiling_row(record))
     print("\n## Single-GPU runs pooled\n\nEach run's tg ratio by round is one observation; `pooled`: their geometric "
           "mean with a 95% t interval across runs and the t-test's p against 1; `above` / `below`: runs whose own "
           "interval excludes 1 on that side.\n")
@@ -50,7 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     for budget in sorted(by_budget):
         print(pooled_row(f"{budget:.0f}", by_budget[budget]))
     print(pooled_row("all", [c for cs in by_budget.values() for c in cs]))
+    print("\n## Bandwidth ceilings\n\nHost and GPU GB read per generated token by each side's placement, and the "
+          "share of that placement's ceiling its median tg reached (runs that stored the account).\n")
+    print("| result | budget MiB | fit host GB/token | ours host GB/token | fit ceiling tok/s | ours ceiling tok/s "
+          "| fit reached | ours reached |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(ceilings))
     return 0
+
+
+def ceiling_row(record: dict) -> str:
+    """One run's bandwidth account: each side's host bytes per token, ceiling and the share of it reached."""
+    bound, runs = record["bandwidth"], record["runs"]
+    reached = {side: statistics.median(runs[side]["tg"]) / bound[side]["tg_ceiling"] for side in ("fit", "ours")}
+    return (f"| {record['budget_mib']:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} "
+            f"| {bound['ours']['cpu_gb_per_token']:.3f} | {bound['fit']['tg_ceiling']:.1f} "
+            f"| {bound['ours']['tg_ceiling']:.1f} | {reached['fit']:.0%} | {reached['ours']:.0%} |")
 
 
 def one_gpu(record: dict) -> bool:

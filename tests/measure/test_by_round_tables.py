@@ -19,13 +19,16 @@ def _cells(line: str) -> list[str]:
 
 
 def test_the_vs_fit_rounds_table_reads_a_stored_run_by_round(monkeypatch, capsys):
-    """Each stored budget's ratio of medians and its ratio by round, both from the runs the result file keeps."""
+    """Each stored budget's ratio of medians and its ratio by round, both from the runs the result file keeps; and
+    the share of its bandwidth ceiling each side reached, from the account the file keeps."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from vs_fit_rounds import main
 
     result = BENCHMARKS / "results" / "vs-fit-h100-f0898b6.json"
     assert main([str(result)]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {result.name} ")]
+    out = capsys.readouterr().out
+    rows = [line for line in out.split("## Single-GPU runs pooled")[0].splitlines()
+            if line.startswith(f"| {result.name} ")]
     records = json.loads(result.read_text())
     assert len(rows) == len(records)
     for row, record in zip(rows, records):
@@ -34,6 +37,13 @@ def test_the_vs_fit_rounds_table_reads_a_stored_run_by_round(monkeypatch, capsys
         assert cells[1] == f"{record['budget_mib']:.0f}"
         assert cells[4].startswith(f"{np.median(ours) / np.median(fit):.2f} [")
         assert cells[5].startswith(f"{np.exp(np.mean(np.log(ours / fit))):.2f} [")
+    ceilings = out.split("## Bandwidth ceilings")[1]
+    for record in records:  # each side's median over the ceiling its placement's bytes allow
+        cells = _cells(next(line for line in ceilings.splitlines()
+                            if line.startswith(f"| {result.name} | {record['budget_mib']:.0f} |")))
+        for side, cell in (("fit", cells[6]), ("ours", cells[7])):
+            reached = np.median(record["runs"][side]["tg"]) / record["bandwidth"][side]["tg_ceiling"]
+            assert cell == f"{reached:.0%}"
 
 
 def test_the_vs_fit_rounds_table_pools_the_single_gpu_runs(monkeypatch, capsys, tmp_path):
