@@ -174,33 +174,43 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     the paired test `score_rounds`: trial number → each score's round); `label` names a finalist in the verdict's
     reason.
 
-    Finalists with fewer than 2 successful runs cannot be judged and are left out. The recommendation is the leader,
-    unless a finalist tied with it (not different after Holm) and within `speed_tolerance` of its median needs less
+    Finalists with fewer than 2 successful runs cannot be judged and are left out. The leader is the fastest median,
+    or for the paired test the finalist fastest against it in the rounds both ran: where a finalist failed in some
+    rounds the medians compare different rounds, which a drift makes unlike. The recommendation is the leader,
+    unless a finalist tied with it (not different after Holm) and within `speed_tolerance` of its speed needs less
     memory (beyond `memory_tolerance`).
     """
     judged = {n: s for n, s in scores.items() if len(s) >= 2}
     if not judged:
         return Verdict()
     medians = {n: statistics.median(s) for n, s in judged.items()}
-    leader = max(judged, key=lambda n: medians[n])
-    others = [n for n in judged if n != leader]
     rounds = score_rounds or {}
-    results = [compare_finalists(judged[leader], rounds.get(leader), judged[n], rounds.get(n), alpha=alpha, test=test)
-               for n in others]
+
+    def against(a: int, b: int) -> Comparison:
+        return compare_finalists(judged[a], rounds.get(a), judged[b], rounds.get(b), alpha=alpha, test=test)
+
+    leader = max(judged, key=lambda n: medians[n])
+    if test == "paired":
+        ahead = {n: against(n, leader).ratio for n in judged if n != leader}
+        leader = max([leader, *ahead], key=lambda n: ahead.get(n, 1.0))
+    others = [n for n in judged if n != leader]
+    results = [against(leader, n) for n in others]
+    speed = {leader: 1.0, **{n: 1 / r.ratio for n, r in zip(others, results)}}  # against the leader's
     differ = holm([r.p_value for r in results], alpha)
     tied = [n for n, d in zip(others, differ) if not d]
-    close = [leader, *(n for n in tied if medians[n] >= medians[leader] * (1 - speed_tolerance))]
+    close = [leader, *(n for n in tied if speed[n] >= 1 - speed_tolerance)]
     least = min(memory[n] for n in close)
     lightest = [n for n in close if memory[n] <= least * (1 + memory_tolerance)]
-    recommended = max(lightest, key=lambda n: medians[n])
+    recommended = max(lightest, key=lambda n: speed[n])
+    fastest = "fastest of the finalists round by round" if test == "paired" else "fastest median of the finalists"
     if recommended != leader:
-        why = (f"tied with the leader ({label(leader)}) within {speed_tolerance:.0%} of its median, and uses less "
+        why = (f"tied with the leader ({label(leader)}) within {speed_tolerance:.0%} of its speed, and uses less "
                "memory: memory breaks the tie")
     elif tied:
-        why = (f"fastest median of the finalists; {', '.join(map(label, tied))} cannot be told apart from it "
+        why = (f"{fastest}; {', '.join(map(label, tied))} cannot be told apart from it "
                f"at alpha={alpha}, but none is within {speed_tolerance:.0%} and lighter, so the objective decides")
     else:
-        why = f"fastest median of the finalists, different from every other at alpha={alpha}"
+        why = f"{fastest}, different from every other at alpha={alpha}"
     judged_memory = {n: memory[n] for n in judged}
     return Verdict(leader, recommended, bool(tied), tuple(tied),
                    tuple(FinalistComparison(n, r.p_value, r.differ, r.test, r.ratio, tuple(r.ratio_ci), d)

@@ -138,6 +138,19 @@ def test_the_default_paired_test_compares_round_by_round_and_a_drift_cancels():
     assert not precise_enough({0: fast, 1: slow}, 0.03, "mannwhitney")
 
 
+def test_with_the_paired_test_a_finalist_that_failed_in_the_fast_rounds_is_not_judged_by_its_lower_median():
+    """The machine speeds up round by round; finalist 1 runs 5% faster than 0 in every round both ran, then fails in
+    the last two. Its median comes from the slow rounds only and is lower than 0's: Mann-Whitney's leader is 0, the
+    paired test's is 1, ahead in the rounds both ran."""
+    zero = [100.0, 110.0, 120.0, 130.0, 140.0]
+    one = [x * 1.05 * j for x, j in zip(zero[:3], (1.0, 0.99, 1.01))]
+    scores, memory = {0: zero, 1: one}, {0: 1000.0, 1: 1000.0}
+    assert decide(scores, memory, alpha=0.05, test="mannwhitney").leader == 0
+    paired = decide(scores, memory, alpha=0.05, test="paired", score_rounds={0: list(range(5)), 1: [0, 1, 2]})
+    assert paired.leader == paired.recommended == 1 and "round by round" in paired.why
+    assert paired.comparisons[0].trial == 0 and paired.comparisons[0].ratio == pytest.approx(1.05, abs=0.005)
+
+
 def test_finalist_without_two_successful_runs_is_not_judged():
     verdict = decide({0: [10.0, 11.0, 12.0, 10.5], 1: [50.0]}, {0: 1.0, 1: 1.0}, alpha=0.05, test="welch")
     assert verdict.leader == 0 and verdict.comparisons == ()
