@@ -129,7 +129,7 @@ class Confirm(StrictModel):
     test: Literal["paired", "mannwhitney", "welch"] = "paired"
     # in a tie, peaks within this fraction of the smallest count as the same memory and the fastest of them wins
     memory_tolerance: float = Field(0.02, ge=0, lt=1)
-    # memory breaks a tie only between finalists whose medians are within this fraction of the leader's
+    # memory breaks a tie only between finalists within this fraction of the leader's speed (the ratio the test reads)
     speed_tolerance: float = Field(0.02, ge=0, lt=1)
     # more interleaved rounds while the leader/runner-up ratio's 95% CI is wider than ±precision, up to max_rounds
     precision: float = Field(0.03, gt=0, lt=1)

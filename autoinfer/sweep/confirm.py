@@ -10,9 +10,9 @@ printed as hyperfine does. By default round by round (`paired`: the geometric me
 t-test on their logs), since a drift that moves every process of a round cancels in that round's ratio: over the
 31 interleaved vs-fit runs on H100/H200 hosts the paired interval was narrower than the two-sample one in 20, by
 0.85x at the median (benchmarks/vs_fit_rounds.py); or as two samples (Mann-Whitney U or Welch). The objective
-decides: memory breaks a tie only between finalists the test cannot tell apart whose medians are within `speed_tolerance` of the
-leader's (peaks within `memory_tolerance` count as the same memory). A finalist that needs clearly less memory is
-offered on its own line, never silently put in the faster one's place.
+decides: memory breaks a tie only between finalists the test cannot tell apart whose speed is within
+`speed_tolerance` of the leader's (peaks within `memory_tolerance` count as the same memory). A finalist that needs
+clearly less memory is offered on its own line, never silently put in the faster one's place.
 """
 
 from __future__ import annotations
