@@ -64,8 +64,10 @@ def one_sweep(seed: int, db: Path, trials: int, confirm: bool) -> dict:
     store = Store(study)
     records = store.records()
     params = store.record(rec.trial).params if rec else None
+    confirmed = store.study_record().confirmed
     return {"seed": seed, "answer": {k: params[k] for k in GRID} if params else None,
             "claimed": rec.speed if rec else None, "confirmed": bool(rec and rec.confirmed),
+            "confirm_rounds": confirmed.rounds if confirmed else None,
             "again": sum(r.again_of is not None for r in records),
             "measured": sum(not r.unmeasured for r in records)}
 
@@ -104,7 +106,8 @@ def judge(sweeps: dict[str, list[dict]], rounds: list[pd.DataFrame]) -> dict:
             "worth_mean": statistics.mean(w.values()), "worth_worst": min(w.values()),
             "within_98": sum(v >= 0.98 for v in w.values()),
             "two_threads": sum(str(r["answer"]["threads"]) == "2" for r in judged),
-            "again": sum(r["again"] for r in runs), "claimed_over_truth_median": statistics.median(claimed)}
+            "again": sum(r["again"] for r in runs), "claimed_over_truth_median": statistics.median(claimed),
+            "confirm_rounds": sum(r.get("confirm_rounds") or 0 for r in runs)}
     names = list(worth)
     for other in names[1:]:
         seeds = sorted(set(worth[names[0]]) & set(worth[other]))

@@ -94,3 +94,27 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
     assert len(err) == 6 and "no autoinfer package" in err[0] and "--out is required" in err[1]
     assert "give NAME=PATH" in err[2] and "--seeds 0" in err[3]
     assert all("not a saved run" in line for line in err[4:])
+
+
+def test_the_confirmation_tests_are_judged_on_the_same_saved_runs(monkeypatch, tmp_path, capsys):
+    """benchmarks/confirm_tests.py: one saved confirmation decided by each test. The machine speeds up round by round
+    and FAST's process failed in the last two rounds, so its median comes from the slow rounds: Mann-Whitney picks
+    SLOW, the paired test FAST (ahead in every round both ran); each pick is worth its truth over the best."""
+    rs = _module(monkeypatch)
+    import confirm_tests
+
+    truth = pd.concat([r.assign(round=i) for i, r in enumerate(_rounds(rs, {FAST: [200.0] * 3, SLOW: [180.0] * 3}))])
+    slow = [100.0, 110.0, 120.0, 130.0, 140.0]
+    fast = [x * 1.05 * j for x, j in zip(slow[:3], (1.0, 0.99, 1.01))]
+    runs = [{"trial": 0, "round": r, "score": x} for r, x in enumerate(slow)]
+    runs += [{"trial": 1, "round": r, "score": fast[r] if r < 3 else None} for r in range(5)]
+    saved = tmp_path / "tests.json"
+    saved.write_text(json.dumps({"truth": truth.to_dict("records"), "confirmations": [{
+        "sweep": "s", "alpha": 0.05, "memory_tolerance": 0.02, "speed_tolerance": 0.02, "runs": runs,
+        "finalists": [{"trial": 0, "memory_mib": 100.0, "params": dict(zip(rs.GRID, SLOW))},
+                      {"trial": 1, "memory_mib": 100.0, "params": dict(zip(rs.GRID, FAST))}]}]}))
+    assert confirm_tests.main(["--judge", str(saved)]) == 0
+    judged = json.loads(capsys.readouterr().out)
+    assert (judged["picks_differ"], judged["paired_better"]) == (1, 1)
+    assert judged["worth_median"] == {"mannwhitney": pytest.approx(0.9), "paired": pytest.approx(1.0)}
+    assert confirm_tests.main(["--judge", str(tmp_path / "missing.json")]) == 2
