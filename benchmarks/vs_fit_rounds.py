@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     for budget in sorted(by_budget):
         print(pooled_row(f"{budget:.0f}", by_budget[budget]))
     print(pooled_row("all", [c for cs in by_budget.values() for c in cs]))
-    print("\n## Bandwidth ceilings\n\nHost and GPU GB read per generated token by each side's placement, and the "
-          "share of that placement's ceiling its median tg reached (runs that stored the account).\n")
+    print("\n## Bandwidth ceilings\n\nThe host GB read per generated token by each side's placement, the tg its host "
+          "and GPU bytes allow at the measured bandwidths (its ceiling), and the share of it the side's median "
+          "reached (runs that stored the account).\n")
     print("| result | budget MiB | fit host GB/token | ours host GB/token | fit ceiling tok/s | ours ceiling tok/s "
           "| fit reached | ours reached |")
     print("|---|---|---|---|---|---|---|---|")
