@@ -171,6 +171,19 @@ def table_row(budget: float, runs: dict[str, dict[str, list[float]]], ratios: di
             f"| {ci(ratios['pp'])} | {ci(ratios['pp_by_round'])} | {peak['fit']:.0f} | {peak['ours']:.0f} |")
 
 
+def ceiling_reached(bound: dict[str, dict], runs: dict[str, dict[str, list[float]]]) -> dict[str, float]:
+    """Each side's median tg over the ceiling its placement's bytes allow (ceiling())."""
+    return {side: float(np.median(runs[side]["tg"])) / bound[side]["tg_ceiling"] for side in bound}
+
+
+def account_row(budget: float, bound: dict[str, dict], runs: dict[str, dict[str, list[float]]]) -> str:
+    """One budget's line of the bandwidth table (write() gives its header): host GB per token and ceiling (reached)."""
+    reached = ceiling_reached(bound, runs)
+    return (f"| {budget:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} | {bound['ours']['cpu_gb_per_token']:.3f} "
+            f"| {bound['fit']['tg_ceiling']:.1f} ({reached['fit']:.0%}) "
+            f"| {bound['ours']['tg_ceiling']:.1f} ({reached['ours']:.0%}) |")
+
+
 @functools.cache  # the host's bandwidth at a thread count: measured once per run
 def host_read_gbps(threads: int) -> float:
     """Best of five multi-threaded sums over 2 GiB of host memory (GB/s read)."""
@@ -394,13 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         modelled = {"ours": as_ran(ours), "fit": as_ran(fit)}
         bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads), gpu_gbps)
                  for side, config in modelled.items()}
-        reached = {side: np.median(runs[side]["tg"]) / bound[side]["tg_ceiling"] for side in bound}
+        reached = ceiling_reached(bound, runs)
         log(f"  bandwidth: GPU copy {gpu_gbps:.0f} GB/s; " + "; ".join(
             f"{side} reads {b['cpu_gb_per_token']:.3f} GB/token on the host, {b['gpu_gb_per_token']:.3f} on the GPU: "
             f"ceiling {b['tg_ceiling']:.1f} tok/s, reached {reached[side]:.0%}" for side, b in bound.items()))
-        accounts.append(f"| {budget:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} | {bound['ours']['cpu_gb_per_token']:.3f} "
-                        f"| {bound['fit']['tg_ceiling']:.1f} ({reached['fit']:.0%}) "
-                        f"| {bound['ours']['tg_ceiling']:.1f} ({reached['ours']:.0%}) |")
+        accounts.append(account_row(budget, bound, runs))
         rows.append(table_row(budget, runs, ratios, peak))
         log(rows[-1])
         answers[budget] = {side: (modelled[side], float(np.median(runs[side]["tg"]))) for side in ("fit", "ours")}

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from vs_fit import compare_runs, peaks, table_row
+from vs_fit import account_row, compare_runs, peaks, table_row
 
 from autoinfer.measure.stats import Comparison, compare_paired
 
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             if one_gpu(record):
                 by_budget[record["budget_mib"]].append(ratios["tg_by_round"])
             if record.get("bandwidth"):
-                ceilings.append(f"| {path.name} " + ceiling_row(record))
+                ceilings.append(f"| {path.name} " + account_row(record["budget_mib"], record["bandwidth"], runs))
     print("\n## Single-GPU runs pooled\n\nEach run's tg ratio by round is one observation; `pooled`: their geometric "
           "mean with a 95% t interval across runs and the t-test's p against 1; `above` / `below`: runs whose own "
           "interval excludes 1 on that side.\n")
@@ -59,20 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n## Bandwidth ceilings\n\nThe host GB read per generated token by each side's placement, the tg its host "
           "and GPU bytes allow at the measured bandwidths (its ceiling), and the share of it the side's median "
           "reached (runs that stored the account).\n")
-    print("| result | budget MiB | fit host GB/token | ours host GB/token | fit ceiling tok/s | ours ceiling tok/s "
-          "| fit reached | ours reached |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| result | budget MiB | fit host GB/token | ours host GB/token | fit tg ceiling (reached) "
+          "| ours tg ceiling (reached) |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(ceilings))
     return 0
-
-
-def ceiling_row(record: dict) -> str:
-    """One run's bandwidth account: each side's host bytes per token, ceiling and the share of it reached."""
-    bound, runs = record["bandwidth"], record["runs"]
-    reached = {side: statistics.median(runs[side]["tg"]) / bound[side]["tg_ceiling"] for side in ("fit", "ours")}
-    return (f"| {record['budget_mib']:.0f} | {bound['fit']['cpu_gb_per_token']:.3f} "
-            f"| {bound['ours']['cpu_gb_per_token']:.3f} | {bound['fit']['tg_ceiling']:.1f} "
-            f"| {bound['ours']['tg_ceiling']:.1f} | {reached['fit']:.0%} | {reached['ours']:.0%} |")
 
 
 def one_gpu(record: dict) -> bool:

@@ -152,18 +152,19 @@ def trial_label(n: int) -> str:
     return f"trial {n}"
 
 
-def compare_finalists(a: list[float], a_rounds: list[int] | None, b: list[float], b_rounds: list[int] | None, *,
+def compare_finalists(scores: dict[int, list[float]], score_rounds: dict[int, list[int]] | None, a: int, b: int, *,
                       alpha: float, test: str) -> Comparison:
-    """a against b: round by round for `paired` (the scores' rounds given), else as two samples. A pair with fewer
-    than 2 rounds where both ran is compared as two samples by Mann-Whitney U, which the comparison's test names."""
+    """Finalist a against b (trial numbers in `scores`): round by round for `paired` (`score_rounds`: each score's
+    round), else as two samples. A pair with fewer than 2 rounds where both ran is compared as two samples by
+    Mann-Whitney U, which the comparison's test names."""
     if test != "paired":
-        return compare(a, b, alpha=alpha, test=test)
-    if a_rounds is None or b_rounds is None:
+        return compare(scores[a], scores[b], alpha=alpha, test=test)
+    if score_rounds is None or a not in score_rounds or b not in score_rounds:
         raise ValueError("the paired test needs the round of every score")
-    by_a, by_b = dict(zip(a_rounds, a)), dict(zip(b_rounds, b))
+    by_a, by_b = dict(zip(score_rounds[a], scores[a])), dict(zip(score_rounds[b], scores[b]))
     common = sorted(by_a.keys() & by_b.keys())
     if len(common) < 2:
-        return compare(a, b, alpha=alpha, test="mannwhitney")
+        return compare(scores[a], scores[b], alpha=alpha, test="mannwhitney")
     return compare_paired([by_a[r] for r in common], [by_b[r] for r in common], alpha=alpha)
 
 
@@ -184,10 +185,9 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     if not judged:
         return Verdict()
     medians = {n: statistics.median(s) for n, s in judged.items()}
-    rounds = score_rounds or {}
 
     def against(a: int, b: int) -> Comparison:
-        return compare_finalists(judged[a], rounds.get(a), judged[b], rounds.get(b), alpha=alpha, test=test)
+        return compare_finalists(judged, score_rounds, a, b, alpha=alpha, test=test)
 
     leader = max(judged, key=lambda n: medians[n])
     if test == "paired":
@@ -233,9 +233,7 @@ def precise_enough(scores: dict[int, list[float]], precision: float, test: str,
     if len(judged) < 2:
         return True
     ranked = sorted(judged, key=lambda n: -statistics.median(judged[n]))
-    a, b = ranked[:2]
-    rounds = score_rounds or {}
-    c = compare_finalists(judged[a], rounds.get(a), judged[b], rounds.get(b), alpha=0.05, test=test)
+    c = compare_finalists(judged, score_rounds, ranked[0], ranked[1], alpha=0.05, test=test)
     return (c.ratio_ci[1] - c.ratio_ci[0]) / 2 <= precision * c.ratio
 
 
