@@ -122,8 +122,8 @@ from synthetic_tables import synthetic_table
 
 from autoinfer.engines.replay import configurations, noise_free_path, parameter_columns, read_table
 from autoinfer.errors import UserError
-from autoinfer.search.boundary import GPU_SHARE
 from autoinfer.search.effects import numeric
+from autoinfer.search.shares import GPU_SHARE
 from autoinfer.sweep.replay_cli import (
     ANSWER_AT,
     TARGET,

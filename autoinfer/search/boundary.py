@@ -6,36 +6,26 @@
    cannot say) is left out of what the steps below reason about: its parameters do not name its placement. Such a
    placement is grafted onto the incumbent's knobs instead (search/graft.py) when that is likelier to beat the
    incumbent than the best local move.
-1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials look for the
-   placement (GPU layers, expert layers in RAM, part of one more layer's FFN) with the highest predicted
-   speed (performance model) whose predicted peak (memory model, calibrated on every measured peak) is within the
-   budget, or, next to a placement measured to fit, over it by less than the model's typical error (until the
-   model's own errors say how large that is, the spread of its predicted difference from the measured fit, at most a
-   PROBE share of the budget): only a measurement settles that. No safety step: the prediction decides, and
-   measured peaks decide where they exist: a placement using no more memory than one measured to fit fits, one
-   using no less than one measured over does not. The same placement measured with other
-   knob values carries its peak over, corrected by the model's predicted difference (whose error the measured pairs
-   of one placement give, before any pair the difference's own size): measured where that says it fits, not probed
-   where it is over by more than its spread. After two wrong predictions the next trial bisects the placements still
-   unknown; while none is measured to fit, it is the fastest placement predicted to fit with as much to spare as the
-   latest prediction (the best calibrated) missed by, not the middle of every placement from the smallest (on an
-   H100 that went 2.9 GiB below a 76 MiB miss). A step that misses again misses by more, so the steps go down.
+1. Boundary. The fast configurations keep as many weights on the GPU as fit, so the first trials measure the
+   fastest placement the memory model, calibrated on every measured peak, and the measured peaks say fits the budget
+   (search/shares.py: no safety step; a peak carried over between knob values; after two wrong predictions a step
+   down or a bisection).
 2. Local moves. At the boundary, the other knobs (threads, load mode, ubatch, placement pattern, KV types, the splits
    over several GPUs, …) are changed one at a time around the best trial so far, the placement re-fitted to the
    boundary for each (a larger ubatch or KV cache needs room; a split moves weights between GPUs). The first trial
    takes llama.cpp's defaults, and the splits that leave the most room on the fullest GPU. Each move's chance to beat
    the incumbent comes from the performance model's ratio for its placement times the knob effects learned from every
    trial so far (search/effects.py: a mean and a standard deviation); a move is measured while that chance is above
-   GATE (16%: one standard deviation short, KAPPA), the likeliest first. A value never measured is expected to do
-   what a typical value of its knob does (of an ordered knob: like its measured neighbours, and along their trend),
-   with the prior's spread; a move already measured worse from an earlier incumbent is not measured again, nor one
-   whose re-fitted placement costs more than the knobs can win back. The GPU share one step below the incumbent's
-   (the placement predicted fastest after its own) is a move too, with a process's luck as its spread: where shares
-   differ by less than a process's luck, or by a cost their bytes do not show, the most weights on the GPU are not
-   always the fastest. An improvement moves the incumbent and the moves restart from it. Where the incumbent sits
-   below the boundary (a step down beat it), each knob move is also measured at the incumbent's own share where that
-   share is known to fit with it (the knobs it changes use no memory, or are predicted to use no more), and the
-   share one step above the incumbent's, below the boundary's, is a move too.
+   GATE (16%: one standard deviation short; search/chance.py), the likeliest first. A value never measured is
+   expected to do what a typical value of its knob does (of an ordered knob: like its measured neighbours, and along
+   their trend), with the prior's spread; a move already measured worse from an earlier incumbent is not measured
+   again, nor one whose re-fitted placement costs more than the knobs can win back. The GPU share one step below the
+   incumbent's (the placement predicted fastest after its own) is a move too, with a process's luck as its spread:
+   where shares differ by less than a process's luck, or by a cost their bytes do not show, the most weights on the
+   GPU are not always the fastest. An improvement moves the incumbent and the moves restart from it. Where the
+   incumbent sits below the boundary (a step down beat it), each knob move is also measured at the incumbent's own
+   share where that share is known to fit with it (the knobs it changes use no memory, or are predicted to use no
+   more), and the share one step above the incumbent's, below the boundary's, is a move too.
    For a decode-only objective the moves of batch and ubatch, which size the prompt's batches and not a decode step,
    come after the others unless the memory they free is predicted to buy a faster placement (PROMPT_ONLY).
    A move may also go to a share faster than its boundary where that share's peak, carried over, may fit: from the
@@ -68,7 +58,6 @@ experts, or every layer's, are in RAM, and such a twin is neither a move nor a n
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import random
 import statistics
@@ -79,21 +68,22 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from autoinfer.campaign.space import to_config
 from autoinfer.engines.base import Measurement, Outcome, TrialConfig
 from autoinfer.model.performance import PerformanceModel
-from autoinfer.model.placement import GPU_SPLITS, cpu_expert_layers, cpu_layers, partial_layer
+from autoinfer.model.placement import GPU_SPLITS, cpu_layers
+from autoinfer.search.chance import GATE, chance_to_beat, worth
+from autoinfer.search.configs import Configs
 from autoinfer.search.context import SearchContext, typical
 from autoinfer.search.effects import RESIDUAL_SD, KnobEffects, numeric
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB, WAITING, fit_label, fit_params_trial, fit_trials, next_budget
 from autoinfer.search.graft import graft
 from autoinfer.search.memory_screen import MemoryScreen
+from autoinfer.search.seen import Seen, configurations, seen_trials
+from autoinfer.search.shares import GPU_SHARE, Candidate, Shares
 from autoinfer.search.strategy import SAMPLED, learn
-from autoinfer.store import trials as store
 from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import Store, record_of, write_trial
 
-GPU_SHARE = ("n_gpu_layers", "n_cpu_moe", "cpu_expert_layers", "partial_experts")
 # Order of the local moves: knobs whose effect is usually largest first (CPU-side experts make threads matter; the
 # splits decide which GPU holds which experts: 77-89 tok/s at the same bytes on two H200s,
 # benchmarks/results/multi-gpu-h200x2.md; the load mode decides pinned buffers and so the prompt's copy speed, huge
@@ -108,12 +98,6 @@ MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 # the memory they free is predicted to buy a faster placement.
 PROMPT_ONLY = frozenset({"batch", "ubatch"})
 DEVICE_NEUTRAL = frozenset({"load_mode", "huge_pages", "repack"})  # change host buffers, not the GPU's
-BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next trial bisects instead
-PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
-PROBE_ERRORS = 2  # calibrated predictions measured before their errors, not PROBE, size the probe
-MAD_SD = 1.4826  # standard deviations per median absolute deviation (normal errors)
-KAPPA = 1.0  # standard deviations of the model's prediction a candidate may fall short and still be measured
-GATE = 0.5 * math.erfc(KAPPA / math.sqrt(2))  # the same as a chance to beat the incumbent (16%)
 DEFAULT_LOG_SD = 0.03  # spread of one trial's log median where it has too few samples to say (run-to-run noise)
 LONG_AXIS = 6  # an ordered knob with more values than this moves a quarter of its range first
 GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before exploring
@@ -131,45 +115,6 @@ def allowed_values(dist: BaseDistribution) -> list[Any]:
         return [dist.low, (dist.low + dist.high) / 2, dist.high]
     assert isinstance(dist, CategoricalDistribution)
     return list(dist.choices)
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A trial as the strategy uses it."""
-
-    number: int
-    params: dict[str, Any]
-    score: float | None  # the objective, for a feasible OK trial
-    fits: bool | None  # measured (or confidently predicted) within the budget; None: not known
-    predicted_mib: float | None  # the memory model's prediction when the trial was chosen
-    config: TrialConfig | None
-    tg: float | None = None  # medians of an OK trial
-    pp: float | None = None
-    reason: str = ""
-    runs: int = 1  # measured trials of this configuration whose samples the score pools
-    log_var: float | None = None  # variance of log(score) from the pooled samples' spread (None: too few)
-    evidence: float | None = None  # what the models learn from: the score, or a pruned trial's first repetition
-    peak_mib: float | None = None  # the measured peak on the budget's side
-    stand_in: bool = False  # its numbers are another configuration's (Measurement.stand_in): no model learns from it
-
-
-@dataclass(frozen=True)
-class Candidate:
-    params: dict[str, Any]  # the GPU-share parameters
-    config: TrialConfig
-    mib: float
-    speed: float
-    whole: int  # repeating layers kept whole on the CPU
-
-
-@dataclass(frozen=True)
-class Carried:
-    """A peak carried over from a trial of the same GPU share with other knob values."""
-
-    mib: float
-    sd: float
-    trial: int
-    moved: bool = False  # from another GPU share (Boundary._carried_from), not the same share's trial
 
 
 @dataclass(frozen=True)
@@ -235,12 +180,9 @@ class Boundary:
         self.sampler = campaign.sampler.name
         self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
         self.grafts = self.fit_baseline  # its placement with the search's knobs (search/graft.py)
-        self._memo: dict[str, Choice | None] = {}  # the boundary per memory-relevant knob values, one proposal long
-        self._bounded: dict[str, tuple] = {}  # _bounds per memory-relevant knob values, one proposal long
-        self._shares: dict[str, list[Candidate]] = {}  # the GPU shares per knob values (_candidates), one proposal long
-        self._miss: float | None = None  # how far predicted peak differences missed, one proposal long (None: no pair)
-        self._probe: float | None = None  # the memory model's typical error once measured (MiB), one proposal long
-        self._commands: dict[str, str] = {}  # the command key per parameters (_same), the whole search long
+        self.configs = Configs(ctx, memory)
+        self.shares = Shares(ctx, memory, self.configs, self.values, self.share, self.neutral, self.perf,
+                             self.weights)
 
     # -- the interface -------------------------------------------------------------------------------------
     def start(self, study: optuna.Study) -> None:
@@ -280,7 +222,7 @@ class Boundary:
             return None
         gain, sd = self._gain(params, best, self._effects(seen))
         sd = math.hypot(sd, RESIDUAL_SD)
-        chance = _chance(gain, sd)
+        chance = chance_to_beat(gain, sd)
         if chance > GATE:
             return None
         return Measurement(Outcome.PREDICTED_SLOWER, reason=(
@@ -343,7 +285,7 @@ class Boundary:
             others = self._typical()
             path = self.models[others["model"]] if "model" in others else next(iter(self.models.values()))
             answer = fit_params_trial(self.ctx, path, self.values, others, budget)
-            if not isinstance(answer, str) and any(self._same(answer[0]) == self._same(t.params) and
+            if not isinstance(answer, str) and any(self.configs.same(answer[0]) == self.configs.same(t.params) and
                                                    t.fit_override_tensors == answer[1].get("fit_override_tensors")
                                                    for t in earlier):
                 answer = f"llama-fit-params gave the same answer for {budget:.0f} MiB as before: no other baseline"
@@ -369,45 +311,44 @@ class Boundary:
         pending = (TrialState.RUNNING, TrialState.WAITING)
         asked = [s.params for s in seen] + [t.params for t in trials
                                             if t.state in pending and t.fit_override_tensors is None]
-        tried = {self._same(p) for p in asked}
+        tried = {self.configs.same(p) for p in asked}
         self._calibrate(seen)
-        self._memo, self._shares, self._bounded = {}, {}, {}
-        self._miss = self._difference_miss(seen) if self.share and self.memory.models else None
-        self._probe = self._probe_margin(trials)
+        self.shares.new_proposal(seen, trials)
         scored = [s for s in seen if s.score is not None]
         incumbent = max(scored, key=lambda s: s.score) if scored else None
         base = {n: incumbent.params[n] for n in self.knobs} if incumbent else self._start(self._typical())
         if self.share:
-            at = self._boundary_of(base, seen)
-            if at is not None and self._same({**at.params, **base}) not in tried:
+            at = self.shares.boundary_of(base, seen)
+            if at is not None and self.configs.same({**at.params, **base}) not in tried:
                 return Choice({**at.params, **base}, at.reason)
         if incumbent is None:  # nothing measured yet to compare with: the start, then the moves from it, in order
             params, _ = self._at_boundary(base, seen)
-            if params is not None and self._same(params) not in tried:
+            if params is not None and self.configs.same(params) not in tried:
                 splits = ", the GPU splits that leave the most room" if base.keys() & set(GPU_SPLITS) else ""
                 return Choice(params, "start: every knob at llama.cpp's default where the space has it, else at a "
                                       f"middle value{splits}")
             for knob in self.knobs:
                 for value in self._moves(knob, base[knob]):
                     params, why = self._at_boundary({**base, knob: value}, seen)
-                    if params is not None and self._same(params) not in tried:
+                    if params is not None and self.configs.same(params) not in tried:
                         return Choice(params, f"local: {knob} {base[knob]} → {value} from the start{why}")
             return None
         effects = self._effects(seen)
         local = self._local(incumbent, base, seen, tried, effects)
         grafted = graft(trials, incumbent.number, incumbent.params, incumbent.score, self.knobs,
-                        effects, self.memory, self.ctx.budget_mib, self.campaign.objective_weights(), self._modelled,
-                        _chance) if self.grafts else None
+                        effects, self.memory, self.ctx.budget_mib, self.campaign.objective_weights(),
+                        self._modelled) if self.grafts else None
         if grafted is not None and grafted.chance > GATE and (local is None or grafted.chance > local.chance):
             return Choice(grafted.params, grafted.reason, chance=grafted.chance, fields=grafted.fields)
         if local is not None:
             return local
-        combos = sorted(self._combinations(incumbent, seen, asked, tried, effects), key=lambda c: -_chance(c[1], c[2]))
-        if combos and _chance(combos[0][1], combos[0][2]) > GATE:
+        combos = sorted(self._combinations(incumbent, seen, asked, tried, effects),
+                        key=lambda c: -chance_to_beat(c[1], c[2]))
+        if combos and chance_to_beat(combos[0][1], combos[0][2]) > GATE:
             params, gain, sd, why = combos[0]
             return Choice(params, f"model: the combination at the boundary most likely to beat trial "
-                                  f"{incumbent.number} ({_chance(gain, sd):.0%}), predicted ×{math.exp(gain):.2f} ± "
-                                  f"{sd:.2f} by the effects of {effects.n} configurations{why}")
+                                  f"{incumbent.number} ({chance_to_beat(gain, sd):.0%}), predicted "
+                                  f"×{math.exp(gain):.2f} ± {sd:.2f} by the effects of {effects.n} configurations{why}")
         moves = [m for m in seen if m.score is not None and m.params != incumbent.params]
         if incumbent.runs == 1 and moves:  # compared with measured moves: a lucky first measurement would end it
             return Choice(incumbent.params, f"again: no move or combination the model expects to beat trial "
@@ -417,8 +358,8 @@ class Boundary:
         if combos:
             params, gain, sd, why = combos[0]
             return Choice(params, f"grid: the next combination at the boundary from trial {incumbent.number}, the "
-                                  f"most likely to beat it ({_chance(gain, sd):.0%}), predicted ×{math.exp(gain):.2f} "
-                                  f"± {sd:.2f}{why}")
+                                  f"most likely to beat it ({chance_to_beat(gain, sd):.0%}), predicted "
+                                  f"×{math.exp(gain):.2f} ± {sd:.2f}{why}")
         return self._explore(incumbent, effects, tried, len(trials))
 
     def _explore(self, incumbent: Seen, effects: KnobEffects, tried: set[str], asked: int) -> Choice | None:
@@ -440,17 +381,17 @@ class Boundary:
         best = None
         for _ in range(EXPLORE_DRAWS):
             params = {name: rng.choice(values) for name, values in self.values.items()}
-            key = self._same(params)
+            key = self.configs.same(params)
             if key in tried or key in drawn:
                 continue
             drawn.add(key)
-            config = self._config(params)
-            pred = self._predict(config)
+            config = self.configs.config(params)
+            pred = self.configs.predict(config)
             if (pred is not None and budget is not None and pred > budget) or self.ctx.engine.refusal(config):
                 continue
             gain, sd = self._gain(params, incumbent, effects)
             sd = math.hypot(sd, RESIDUAL_SD)
-            if self._whole(config) > whole and _chance(gain, sd) <= GATE:
+            if self._whole(config) > whole and chance_to_beat(gain, sd) <= GATE:
                 continue
             draw = rng.gauss(gain, sd)
             if best is None or draw > best[0]:
@@ -458,7 +399,7 @@ class Boundary:
         if best is None:
             return None
         _, params, gain, sd = best
-        chance = _chance(gain, sd)
+        chance = chance_to_beat(gain, sd)
         return Choice(params, f"explore: every combination at the boundary was measured; of {len(drawn)} "
                               "configurations drawn from the space that no trial asked for, the one whose draw from "
                               f"its predicted gain over trial {incumbent.number} was largest, predicted "
@@ -475,24 +416,25 @@ class Boundary:
         (module docstring)."""
         moves: list[Move] = []
         at_own, _ = self._at_boundary(base, seen)
-        below = at_own is not None and self._share_key(at_own) != self._share_key(incumbent.params)
+        below = at_own is not None and self.shares.share_key(at_own) != self.shares.share_key(incumbent.params)
         for rank, knob in enumerate(self.knobs):
             for value in self._moves(knob, base[knob]):
                 params, why = self._at_boundary({**base, knob: value}, seen)
                 own = self._at_share({**base, knob: value}, incumbent) if below else None
-                if own is not None and (params is None or self._share_key(own) != self._share_key(params)):
+                if own is not None and (params is None or
+                                        self.shares.share_key(own) != self.shares.share_key(params)):
                     places = [(params, why), (own, " (at the incumbent's own GPU share, which fits with it)")]
                 else:
                     places = [(params, why)]
                 for at, at_why in places:
-                    if at is None or self._same(at) in tried:
+                    if at is None or self.configs.same(at) in tried:
                         continue
                     gain, sd = self._gain(at, incumbent, effects)
-                    chance = _chance(gain, sd)
+                    chance = chance_to_beat(gain, sd)
                     if chance > GATE:
                         later = knob in self.deferred and self._placed(at, incumbent) <= 0.0
-                        moves.append(Move(later, rank, knob, value, at, gain, sd, at_why, chance, _worth(gain, sd)))
-                if params is None or self._same(params) in tried:
+                        moves.append(Move(later, rank, knob, value, at, gain, sd, at_why, chance, worth(gain, sd)))
+                if params is None or self.configs.same(params) in tried:
                     continue
                 reach = self._reach({**base, knob: value}, params, incumbent, seen, tried, effects)
                 if reach is not None and reach.chance > GATE:
@@ -505,10 +447,10 @@ class Boundary:
             params, what = step
             gain, sd = self._gain(params, incumbent, effects)
             sd = math.hypot(sd, RESIDUAL_SD)
-            chance = _chance(gain, sd)
+            chance = chance_to_beat(gain, sd)
             if chance > GATE:
                 moves.append(Move(False, len(self.knobs), direction, what, params, gain, sd, "", chance,
-                                  _worth(gain, sd)))
+                                  worth(gain, sd)))
         if not moves:
             return None
         m, worth_note = min(moves, key=Move.order), ""
@@ -537,14 +479,14 @@ class Boundary:
         changed = {k for k, v in knobs.items() if incumbent.params.get(k) != v}
         if changed <= self.neutral:
             return params
-        diff = self.memory.difference(self._config(params), incumbent.config)
+        diff = self.memory.difference(self.configs.config(params), incumbent.config)
         return params if diff is not None and diff[0] <= 0.0 else None
 
     def _reach(self, knobs: dict[str, Any], at: dict[str, Any] | None, incumbent: Seen, seen: list[Seen],
                tried: set[str], effects: KnobEffects) -> Reach | None:
         """The likeliest GPU share faster than both the one the boundary gives these knob values (`at`) and the
         incumbent's, where that share's peak, carried over to these knob values, may fit: measured there with other
-        knob values, or never measured and these values free memory (_carried_from); None where there is none. Its
+        knob values, or never measured and these values free memory (Shares.carried_from); None where there is none. Its
         chance to beat the incumbent is the chance that the carried peak fits times the chance to beat it if it
         does. The boundary measures a share only where its prediction, or its carried peak, fits, so a smaller
         ubatch whose freed memory the model underrates re-fits to the share below and, as a prompt-only knob, moves
@@ -554,70 +496,37 @@ class Boundary:
         budget = self.ctx.budget_mib
         if not self.share or budget is None or not self.memory.models or at is None:
             return None
-        here = self._config(at)
+        here = self.configs.config(at)
         path = str(here.model)
         if path not in self.perf:
             return None
         speed = self.perf[path].score(here, self.weights)
-        _, fit_at, _, over_at = self._bounds(knobs, seen)
+        _, fit_at, _, over_at = self.shares.bounds(knobs, seen)
         best = None
-        for c in self._prefer_experts(self._candidates(knobs)):
+        for c in self.shares.prefer_experts(self.shares.candidates(knobs)):
             if c.speed <= speed or not fit_at < c.mib < over_at:
                 continue
-            carried = self._carried(c, knobs, seen)
+            carried = self.shares.carried(c, knobs, seen)
             if carried is None:  # never measured: the incumbent's peak carried over, where these knobs free memory
-                carried = self._carried_from(c, knobs, incumbent, seen)
+                carried = self.shares.carried_from(c, knobs, incumbent, seen)
                 if carried is None:
                     continue
             elif carried.mib <= budget:
                 continue  # the boundary's own (it fits as carried)
             params = {**c.params, **knobs}
-            if self._placed(params, incumbent) <= 0.0 or self._same(params) in tried:
+            if self._placed(params, incumbent) <= 0.0 or self.configs.same(params) in tried:
                 continue  # no faster than the incumbent's own share: nothing for the risk to buy
-            fits = _chance(budget - carried.mib, carried.sd)
+            fits = chance_to_beat(budget - carried.mib, carried.sd)
             gain, sd = self._gain(params, incumbent, effects)
-            chance = fits * _chance(gain, sd)
+            chance = fits * chance_to_beat(gain, sd)
             if best is None or chance > best.chance:
-                best = Reach(params, chance, fits * _worth(gain, sd), gain, sd,
+                best = Reach(params, chance, fits * worth(gain, sd), gain, sd,
                              f" (reach: a faster share, predicted {c.mib:.0f} MiB, its peak carried over from trial "
                              f"{carried.trial}{' at another share' if carried.moved else ''}: "
                              f"{carried.mib:.0f} ± {carried.sd:.0f} of {budget:.0f}, {fits:.0%} to fit)")
         return best
 
-    def _carried_from(self, candidate: Candidate, knobs: dict[str, Any], incumbent: Seen,
-                      seen: list[Seen]) -> Carried | None:
-        """A share never measured, with these knob values: the incumbent's measured peak plus the difference,
-        where the knob values free memory at that share (None otherwise). The share's part of the difference is
-        weight bytes, counted, with the model's spread; the knobs' part (compute buffers, KV cache) is estimated as
-        _carried estimates it (_knob_difference), from measured pairs where there are any. On synthetic-1040 at
-        12 GiB the best row keeps 20 layers' experts in RAM with ubatch 128 (12149 MiB); the model put that share
-        over the budget with every ubatch until ubatch 2048 was measured, and it came as the 14th trial; as this
-        move, 7th (benchmarks/results/search-efficiency.md)."""
-        if not incumbent.fits or incumbent.peak_mib is None or incumbent.config is None:
-            return None
-        at_own = self._config({k: incumbent.params.get(k) for k in knobs} | candidate.params)
-        share_part = self.memory.difference(at_own, incumbent.config)
-        knob_part = self._knob_difference(candidate.config, at_own, knobs, incumbent, seen, None)
-        if knob_part is None or share_part is None or knob_part[0] >= 0.0:
-            return None
-        return Carried(incumbent.peak_mib + share_part[0] + knob_part[0], math.hypot(share_part[1], knob_part[1]),
-                       incumbent.number, moved=True)
 
-    def _knob_difference(self, config: TrialConfig, other_config: TrialConfig, knobs: dict[str, Any], other: Seen,
-                         seen: list[Seen], skip: str | None) -> tuple[float, float] | None:
-        """The peak difference between `config` and `other_config` (one GPU share, with `knobs` and with `other`'s
-        knob values), with its standard deviation: as measured in pairs at shares other than `skip`
-        (_measured_difference), or where none was, the memory model's prediction. Its spread adds to the
-        coefficients' uncertainty how far the predicted differences between measured pairs of one share missed (the
-        model's form may not be llama.cpp's); before any such pair, the difference's own size: its sign is trusted,
-        not its size. Without that prior the first trials of a new placement pattern probed the share just measured
-        over with another (synthetic-297 at 12 GiB: trial 4 repeated trial 1's 12593 MiB,
-        benchmarks/results/search-efficiency.md). None where the model cannot tell."""
-        diff = self.memory.difference(config, other_config)
-        if diff is None:
-            return None
-        return self._measured_difference(config, knobs, other, skip, seen, diff[0]) or \
-            (diff[0], math.hypot(diff[1], self._miss if self._miss is not None else diff[0]))
 
     def _step_down(self, incumbent: Seen, base: dict[str, Any], tried: set[str]) -> tuple[dict[str, Any], str] | None:
         """The incumbent's knobs with the next GPU share below its own (the placement predicted fastest after
@@ -632,7 +541,8 @@ class Boundary:
             return None
         own = self.perf[str(incumbent.config.model)].score(incumbent.config, self.weights)
         budget = self.ctx.budget_mib
-        pool = self._prefer_experts([c for c in self._candidates(base) if budget is None or c.mib <= budget])
+        pool = self.shares.prefer_experts([c for c in self.shares.candidates(base)
+                                           if budget is None or c.mib <= budget])
         below = [c for c in pool if c.speed < own]
         if not below:
             return None
@@ -647,16 +557,16 @@ class Boundary:
         and the shares between are left to chance: on the planted table of tests/search/test_partial_layer.py the
         boundary with 8 threads measured slower than the share below it, that share with 8 threads beat the
         incumbent, and the share between them with 8 threads, the best row, was no move."""
-        at = self._boundary_of(base, seen)
+        at = self.shares.boundary_of(base, seen)
         budget = self.ctx.budget_mib
         path = str(incumbent.config.model) if incumbent.config is not None else ""
         if at is None or path not in self.perf:
             return None
         perf = self.perf[path]
         own = perf.score(incumbent.config, self.weights)
-        top = perf.score(self._config({**at.params, **base}), self.weights)
-        _, _, _, over_at = self._bounds(base, seen)
-        between = [c for c in self._prefer_experts(self._candidates(base)) if own < c.speed < top
+        top = perf.score(self.configs.config({**at.params, **base}), self.weights)
+        _, _, _, over_at = self.shares.bounds(base, seen)
+        between = [c for c in self.shares.prefer_experts(self.shares.candidates(base)) if own < c.speed < top
                    and c.mib < over_at and (budget is None or c.mib <= budget)]
         if not between:
             return None
@@ -667,7 +577,7 @@ class Boundary:
         """The incumbent's knobs at another GPU share, and the share's change in words; None where it was
         measured."""
         params = {**step.params, **base}
-        if self._same(params) in tried:
+        if self.configs.same(params) in tried:
             return None
         what = ", ".join(f"{k} {incumbent.params.get(k)} → {v}" for k, v in step.params.items()
                          if incumbent.params.get(k) != v)
@@ -677,7 +587,7 @@ class Boundary:
                       effects: KnobEffects) -> list[tuple[dict[str, Any], float, float, str]]:
         """Every combination of the knobs not measured yet, at its boundary, with the predicted log gain over the
         incumbent and its standard deviation; none where the space is too large to enumerate. `asked`: the
-        parameters of every trial so far; `tried`: their keys (_same)."""
+        parameters of every trial so far; `tried`: their keys (Configs.same)."""
         if not self.knobs or math.prod(len(self.values[k]) for k in self.knobs) > GRID_MAX:
             return []
         measured = {tuple(p.get(k) for k in self.knobs) for p in asked}  # at the boundary or anywhere else
@@ -686,7 +596,7 @@ class Boundary:
             if combo in measured:
                 continue
             params, why = self._at_boundary(dict(zip(self.knobs, combo)), seen)
-            if params is not None and self._same(params) not in tried:
+            if params is not None and self.configs.same(params) not in tried:
                 out.append((params, *self._gain(params, incumbent, effects), why))
         return out
 
@@ -696,19 +606,12 @@ class Boundary:
         Without a GPU share to re-fit (a fixed placement, the host), knobs predicted over the budget by more than the
         memory model's measured typical error are no proposal: other knob values are."""
         if not self.share:
-            pred, budget = self._predict(self._config(knobs)), self.ctx.budget_mib
-            over = pred is not None and budget is not None and pred > budget + (self._probe or 0.0)
+            pred, budget = self.configs.predict(self.configs.config(knobs)), self.ctx.budget_mib
+            over = pred is not None and budget is not None and pred > budget + (self.shares.probe or 0.0)
             return (None, "") if over else (dict(knobs), "")
-        at = self._boundary_of(knobs, seen)
+        at = self.shares.boundary_of(knobs, seen)
         return (None, "") if at is None else ({**at.params, **knobs}, f" ({at.reason})")
 
-    def _boundary_of(self, knobs: dict[str, Any], seen: list[Seen]) -> Choice | None:
-        """_boundary once per proposal and memory-relevant knob values: the first values asked answer for all their
-        memory-neutral twins."""
-        key = self._memory_key(knobs)
-        if key not in self._memo:
-            self._memo[key] = self._boundary(knobs, seen)
-        return self._memo[key]
 
     def _gain(self, params: dict[str, Any], incumbent: Seen, effects: KnobEffects) -> tuple[float, float]:
         """Predicted log(score / incumbent's score) and its standard deviation: the performance model's ratio
@@ -718,7 +621,7 @@ class Boundary:
 
     def _placed(self, params: dict[str, Any], incumbent: Seen) -> float:
         """The performance model's log ratio of the two configurations' scores (0 where it has none)."""
-        return 0.0 if incumbent.config is None else self._modelled(self._config(params), incumbent.config)
+        return 0.0 if incumbent.config is None else self._modelled(self.configs.config(params), incumbent.config)
 
     def _modelled(self, config: TrialConfig, other: TrialConfig) -> float:
         """The performance model's log ratio of two configurations' scores (0 where it has none)."""
@@ -729,7 +632,7 @@ class Boundary:
 
     def _effects(self, seen: list[Seen]) -> KnobEffects:
         """The knob effects fitted to every measured configuration's score over the performance model's."""
-        once = _configurations(seen)
+        once = configurations(seen)
         known = [s.log_var for s in once if s.log_var is not None]
         default = statistics.median(known) if known else DEFAULT_LOG_SD ** 2
         observations = []
@@ -750,7 +653,7 @@ class Boundary:
         budget = self.ctx.budget_mib
 
         def boundary(combo: dict[str, Any]) -> tuple[float, float]:
-            fits = [c for c in self._candidates({**typical, **combo}) if budget is None or c.mib <= budget]
+            fits = [c for c in self.shares.candidates({**typical, **combo}) if budget is None or c.mib <= budget]
             best = max(fits, key=lambda c: (c.speed, -c.mib), default=None)
             return (-math.inf, -math.inf) if best is None else (best.speed, -best.mib)
 
@@ -793,374 +696,33 @@ class Boundary:
                       if j != i and v not in out]
 
     # -- the boundary ----------------------------------------------------------------------------------------
-    def _boundary(self, knobs: dict[str, Any], seen: list[Seen]) -> Choice | None:
-        """The GPU share to measure with these other knob values (see the module docstring)."""
-        candidates = self._candidates(knobs)
-        if not candidates:
-            return None
-        budget = self.ctx.budget_mib
-        if budget is None or not self.memory.models:
-            best = max(candidates, key=lambda c: (c.speed, -c.mib))
-            return Choice(best.params, "boundary: no memory budget, the most weights on the GPU")
-        group, fit_at, nearest, over_at = self._bounds(knobs, seen)
-        known = [c for c in candidates if c.mib <= fit_at]
-        unknown, carried_fits, margins = [], {}, {}
-        for c in candidates:
-            if fit_at < c.mib < over_at:
-                carried = self._carried(c, knobs, seen)
-                margins[id(c)] = self._margin(c, nearest)
-                if carried is not None and carried.mib <= budget:
-                    unknown.append(c)  # measured neighbours say it fits, whatever the prediction says
-                    carried_fits[id(c)] = carried
-                elif c.mib <= budget + margins[id(c)] and (carried is None or
-                                                           carried.mib - KAPPA * carried.sd <= budget):
-                    unknown.append(c)
-        pool = self._prefer_experts(known + unknown)
-        if not pool:
-            rest = [c for c in candidates if c.mib < over_at]
-            if not rest:
-                return None
-            low = min(rest, key=lambda c: c.mib)
-            return Choice(low.params, f"boundary: nothing is predicted to fit in {budget:.0f} MiB, the smallest "
-                                      f"placement (predicted {low.mib:.0f} MiB)")
-        best = max(pool, key=lambda c: (c.speed, -c.mib))
-        if best.mib <= fit_at:
-            return Choice(best.params, f"boundary: measured to fit ({best.mib:.0f} MiB predicted of "
-                                       f"{budget:.0f})")
-        missed = [s for s in group if s.fits is False and s.predicted_mib is not None and s.predicted_mib <= budget]
-        misses = len(missed)
-        if misses >= BISECT_AFTER:
-            floor = max((c.speed for c in pool if c.mib <= fit_at), default=-math.inf)
-            open_ = sorted((c for c in pool if c.mib > fit_at and c.speed >= floor), key=lambda c: c.mib)
-            latest = (max((s for s in missed if s.peak_mib is not None), key=lambda s: s.number, default=None)
-                      if fit_at == -math.inf else None)  # a step down while nothing is measured to fit
-            if latest is not None:
-                missed_by = latest.peak_mib - latest.predicted_mib
-                spared = [c for c in open_ if c.mib + missed_by <= budget]
-                if spared:
-                    low = max(spared, key=lambda c: (c.speed, -c.mib))
-                    return Choice(low.params, f"boundary: no placement measured to fit yet and {misses} predictions "
-                                              f"were wrong, the latest by {missed_by:.0f} MiB: the fastest placement "
-                                              f"predicted to fit with that much to spare ({low.mib:.0f} MiB)")
-            mid = open_[len(open_) // 2]
-            return Choice(mid.params, f"boundary: bisect the placements between the measured peaks "
-                                      f"({mid.mib:.0f} MiB predicted, {misses} predictions were wrong)")
-        if best.mib > budget and id(best) in carried_fits:
-            carried = carried_fits[id(best)]
-            return Choice(best.params, f"boundary: fastest placement carried over to fit ({best.mib:.0f} MiB "
-                                       f"predicted, {carried.mib:.0f} ± {carried.sd:.0f} from trial "
-                                       f"{carried.trial}'s measured peak with other knobs, of {budget:.0f})")
-        if best.mib > budget:
-            return Choice(best.params, f"boundary: probe the fastest placement, predicted {best.mib:.0f} MiB, over "
-                                       f"{budget:.0f} by less than the memory model's typical error "
-                                       f"({margins[id(best)]:.0f} MiB)")
-        return Choice(best.params, f"boundary: fastest placement predicted to fit ({best.mib:.0f} of "
-                                   f"{budget:.0f} MiB)")
 
-    def _bounds(self, knobs: dict[str, Any], seen: list[Seen]) -> tuple[list[Seen], float, Seen | None, float]:
-        """The trials measured with these knob values (memory-neutral ones aside) whose fit is known; the largest
-        prediction among those that fitted, that trial; the smallest prediction among those over the budget. A
-        placement predicted to use no more than one that fitted fits; one predicted to use no less than one over
-        does not. Once per proposal: the boundary and every move's reach ask for the same knob values."""
-        key = self._memory_key(knobs)
-        if key not in self._bounded:
-            group = [s for s in seen if s.fits is not None and s.config is not None
-                     and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
-            measured = [(self._predict(s.config), s) for s in group]
-            fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
-                                  default=(-math.inf, None))
-            over_at = min((m for m, s in measured if not s.fits), default=math.inf)
-            self._bounded[key] = (group, fit_at, nearest, over_at)
-        return self._bounded[key]
 
-    def _memory_key(self, knobs: dict[str, Any]) -> str:
-        """The knob values that can move a peak (memory-neutral ones aside), as a key."""
-        return json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
 
-    def _carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
-        """The candidate's peak carried over from the same GPU share measured with other knob values, with its
-        standard deviation: that peak plus the difference between the two knob values (_knob_difference; the
-        closest such trial, None where the share was never measured). The model's error for one placement is
-        mostly the placement's own and cancels in the difference, so a placement measured over in one group is not
-        probed again in every other group, and one the model puts just over the budget is measured where its
-        measured neighbours say it fits. A trial llama.cpp runs alike (other memory-neutral knobs, a moot
-        placement pattern) carries its peak exactly, and one measured over the budget carries it over without doubt
-        to knob values predicted to need no less: on synthetic-1321 at 12 GiB the share measured 98 MiB over with
-        ubatch 512 was given 21% to fit with ubatch 2048, from the predicted difference's own size as its spread."""
-        # the same share measured in another group (the same group's measured peaks already bound the prediction)
-        others = [s for s in seen if s.peak_mib is not None and s.config is not None
-                  and all(s.params.get(n) == v for n, v in candidate.params.items())
-                  and any(s.params.get(k) != v for k, v in knobs.items() if k not in self.neutral)]
-        if not others:
-            return None
-        full = {**knobs, **candidate.params}
-        same = self._same(full)
-        best = None
-        for s in others:
-            if self._same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same:
-                return Carried(s.peak_mib, 0.0, s.number)  # llama.cpp runs them alike: the peak is the measured one
-            diff = self._knob_difference(candidate.config, s.config, knobs, s, seen, self._share_key(s.params))
-            if diff is None:
-                continue
-            mean, sd = diff
-            if s.fits is False and mean >= 0.0:
-                sd = 0.0  # no less memory than a peak measured over the budget: over, however large the doubt
-            if best is None or sd < best.sd:
-                best = Carried(s.peak_mib + mean, sd, s.number)
-        return best
 
-    def _measured_difference(self, config: TrialConfig, knobs: dict[str, Any], other: Seen, skip: str | None,
-                             seen: list[Seen], predicted: float) -> tuple[float, float] | None:
-        """The peak difference between `knobs` and `other`'s knob values as measured at GPU shares other than `skip`
-        (pairs of trials of one share with those two sets of values), moved to this share by the memory model's
-        predicted change of the difference between the shares (`predicted` is its difference at this share), with its
-        standard deviation: the size of that change and the spread of the pairs. None without such a pair. The KV
-        cache and compute buffers a knob sizes hardly depend on where the experts are, and a measured difference
-        knows what the model's form does not: on synthetic-781 at 8 GiB the model put flash attention with a q8_0
-        K cache 15 MiB below f16 without it where the pairs measured 64, and the share measured 55 MiB over the
-        budget with f16 was never tried with q8_0, which fitted with 9 MiB to spare
-        (benchmarks/results/search-efficiency.md)."""
-        def knob_values(s: Seen, values: dict[str, Any]) -> bool:
-            return all(s.params.get(k) == v for k, v in values.items() if k not in self.neutral)
 
-        theirs = {k: other.params.get(k) for k in knobs}
-        shares: dict[str, tuple[list[Seen], list[Seen]]] = {}
-        for s in seen:
-            key = self._share_key(s.params)
-            if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == skip:
-                continue
-            mine, others = shares.setdefault(key, ([], []))
-            if knob_values(s, knobs):
-                mine.append(s)
-            elif knob_values(s, theirs):
-                others.append(s)
-        estimates, changes = [], []
-        for mine, others in shares.values():
-            there = self.memory.difference(mine[0].config, others[0].config) if mine and others else None
-            if there is not None:
-                changes.append(predicted - there[0])
-                estimates.append(mine[0].peak_mib - others[0].peak_mib + changes[-1])
-        if not estimates:
-            return None
-        spread = statistics.stdev(estimates) if len(estimates) > 1 else 0.0
-        return statistics.fmean(estimates), math.hypot(statistics.fmean(abs(c) for c in changes), spread)
 
-    def _probe_margin(self, trials: list[TrialRecord]) -> float | None:
-        """How far over the budget a placement predicted next to one measured to fit is still measured, once the
-        memory model's typical error is known: KAPPA robust standard deviations of the errors of its calibrated
-        predictions (after the study's first measured peak, the uncalibrated prior's), never more than PROBE of the
-        budget. None until PROBE_ERRORS of them were measured (then _margin says). On an H100 the calibrated
-        predictions missed by 1-50 MiB where 3% of 12 GiB is 369: 5 of 10 trials measured placements predicted over
-        the budget, each over by what was predicted."""
-        budget = self.ctx.budget_mib
-        if budget is None:
-            return None
-        measured = sorted((t for t in trials if self._peak(t) and t.predicted_mib is not None), key=lambda t: t.number)
-        errors = [abs(self._peak(t) - t.predicted_mib) for t in measured[1:]]
-        if len(errors) < PROBE_ERRORS:
-            return None
-        return min(PROBE * budget, KAPPA * MAD_SD * statistics.median(errors))
 
-    def _margin(self, candidate: Candidate, nearest: Seen | None) -> float:
-        """MiB over the budget `candidate` may be predicted and still be measured: none away from a measured fit of
-        the same knob values (`nearest`, the one predicted largest); the model's typical error where its
-        calibrated predictions were measured (_probe_margin); before that, KAPPA standard deviations of the
-        predicted difference from `nearest`, never more than PROBE of the budget. The two differ only in where the
-        weights are, whose bytes are counted exactly, so its spread is the coefficients'. With the fixed PROBE
-        there, one measured fit (llama-fit-params' answer) sent the next trial to a placement predicted 254-388
-        MiB over the budget on an H100: 3 of 30 trials at 8, 12 and 16 GiB, each over by what was predicted
-        (benchmarks/results/vs-fit-h100.md)."""
-        if nearest is None:
-            return 0.0
-        if self._probe is not None:
-            return self._probe
-        cap = PROBE * self.ctx.budget_mib  # _boundary asks only with a budget, of a group of trials with configs
-        diff = self.memory.difference(candidate.config, nearest.config)
-        return cap if diff is None else min(cap, KAPPA * diff[1])
 
-    def _share_key(self, params: dict[str, Any]) -> str:
-        """The GPU share's parameters of a trial, as a key."""
-        return json.dumps({n: params.get(n) for n in self.share}, sort_keys=True, default=str)
 
-    def _difference_miss(self, seen: list[Seen]) -> float | None:
-        """Root mean square of measured minus predicted peak differences over pairs of trials of one GPU share
-        whose predictions differ; None without such a pair."""
-        by_share: dict[str, list[Seen]] = {}
-        for s in seen:
-            if s.peak_mib is not None and s.config is not None:
-                by_share.setdefault(f"{s.config.model}|{self._share_key(s.params)}", []).append(s)
-        misses = []
-        for group in by_share.values():
-            for a, b in itertools.combinations(group, 2):
-                diff = self.memory.difference(a.config, b.config)
-                if diff is not None and diff[0] != 0.0:
-                    misses.append((a.peak_mib - b.peak_mib) - diff[0])
-        return math.sqrt(statistics.fmean(m * m for m in misses)) if misses else None
 
-    def _prefer_experts(self, pool: list[Candidate]) -> list[Candidate]:
-        """Expert placements only, unless none fits or a whole-layer one is predicted faster."""
-        if not pool:
-            return pool
-        fewest = min(c.whole for c in pool)
-        experts = [c for c in pool if c.whole == fewest]
-        whole = [c for c in pool if c.whole > fewest]
-        if whole and max(c.speed for c in whole) > max(c.speed for c in experts):
-            return pool
-        return experts
-
-    def _candidates(self, knobs: dict[str, Any]) -> list[Candidate]:
-        """Every distinct GPU share in the space with these knob values: expert placements with all layers on the
-        GPU, whole-layer placements without expert offload (the combination is dominated). Once per
-        proposal: the boundary and the step down below the incumbent ask for the same knobs."""
-        memo = json.dumps(knobs, sort_keys=True, default=str)
-        if memo in self._shares:
-            return self._shares[memo]
-        ngls = self.values.get("n_gpu_layers", [None])
-        top = max(ngls) if ngls != [None] else None
-        experts = [n for n in ("n_cpu_moe", "cpu_expert_layers", "partial_experts") if n in self.share]
-        out: dict[Any, Candidate] = {}
-        for ngl in ngls:
-            expert_values = [self.values[n] if ngl == top else [min(self.values[n])] for n in experts]
-            for combo in itertools.product(*expert_values):
-                params = dict(zip(experts, combo))
-                if ngl is not None:
-                    params["n_gpu_layers"] = ngl
-                config = self._config({**knobs, **params})
-                path = str(config.model)
-                if path not in self.perf:
-                    continue
-                n_layers = self.perf[path].shape.n_layers
-                on_cpu = set(range(min(config.n_cpu_moe, n_layers)))
-                if config.get("cpu_expert_layers"):
-                    on_cpu |= set(cpu_expert_layers(config.get("placement") or "first",
-                                                    config.get("cpu_expert_layers"), n_layers))
-                whole = cpu_layers(config.n_gpu_layers, n_layers)
-                split_layer = partial_layer(config.get("placement"), on_cpu, config.n_gpu_layers, n_layers)
-                part = (split_layer, config.get("partial_experts")) if config.get("partial_experts") and \
-                    split_layer is not None else None
-                key = (path, whole, frozenset(on_cpu), part)
-                if key in out:
-                    continue
-                pred = self._predict(config)
-                out[key] = Candidate(params, config, pred if pred is not None else 0.0,
-                                     self.perf[path].score(config, self.weights), whole)
-        self._shares[memo] = list(out.values())
-        return self._shares[memo]
 
     # -- what the trials say ---------------------------------------------------------------------------------
-    def _config(self, params: dict[str, Any]) -> TrialConfig:
-        return self.ctx.engine.as_run(to_config(self.campaign, params, self.models))
 
-    def _same(self, params: dict[str, Any]) -> str:
-        """A key equal for parameters llama.cpp runs alike: the placement pattern is moot where no layer's experts,
-        or every layer's, are in RAM (the same tensors on the same devices). Such a configuration is not measured
-        again under another pattern's name (synthetic-298 at 16 GiB measured all three patterns with no expert in
-        RAM, benchmarks/results/search-efficiency.md). Remembered: every proposal asks it of every trial again."""
-        key = _key(params)
-        if key not in self._commands:
-            self._commands[key] = self.ctx.command_of(self._config(params))
-        return self._commands[key]
 
-    def _predict(self, config: TrialConfig) -> float | None:
-        pred = self.memory.predict(config)
-        return pred.mib if pred is not None else None
+
+
+
 
     def _seen(self, records: list[TrialRecord]) -> list[Seen]:
-        """The finished ones of a study's trials; the score, tg and pp of a configuration measured more than once
-        pool the samples of all its successful trials."""
-        out = []
-        budget = self.ctx.budget_mib
-        weights = self.campaign.objective_weights()
-        # a baseline running llama-fit-params' own overrides is not the placement its parameters name
-        trials = [t for t in records if t.state.is_finished() and not t.stale and t.params
-                  and t.fit_override_tensors is None]
-        pooled: dict[str, dict[str, list[float]]] = {}
-        runs: dict[str, int] = {}
-        for t in trials:
-            if t.is_feasible_ok:
-                key = _key(t.params)
-                samples = pooled.setdefault(key, {"tg": [], "pp": [], "kld": []})
-                samples["tg"] += t.samples("tg")
-                samples["pp"] += t.samples("pp")
-                samples["kld"] += t.kld_samples
-                runs[key] = runs.get(key, 0) + 1
-        for t in trials:
-            outcome = t.outcome
-            config = t.trial_config if t.config is not None else None
-            samples = pooled.get(_key(t.params)) if t.is_feasible_ok else None
-            score = store.score(samples, weights) if samples else None
-            peak = None if t.stand_in else self._peak(t)
-            if t.stand_in:  # another configuration's peak: says nothing of this one's
-                fits = None
-            elif outcome in ("oom", "infeasible", "predicted_infeasible"):
-                fits = False
-            elif outcome in ("ok", "pruned") and peak and budget is not None:
-                fits = peak <= budget
-            else:
-                fits = None
-            evidence = score
-            if outcome == "pruned" and fits is not False:  # cut after a first repetition far below the best
-                samples = {k: t.samples(k) for k in ("tg", "pp")}
-                evidence = store.score(samples, weights)
-            tg, pp = (statistics.median(samples[k]) if samples and samples[k] else None for k in ("tg", "pp"))
-            out.append(Seen(t.number, dict(t.params), score, fits, t.predicted_mib, config, tg, pp,
-                            str(t.search_reason or ""), runs.get(_key(t.params), 1),
-                            self._log_var(samples) if samples else None, evidence, peak or None, t.stand_in))
-        return out
-
-    def _peak(self, t: TrialRecord) -> float | None:
-        """A trial's measured peak on the budget's side (the largest per-GPU one on a device)."""
-        return t.rss_peak_mib if self.ctx.side == "host" else t.vram_peak_mib
-
-    def _log_var(self, samples: dict[str, list[float]]) -> float | None:
-        """Variance of the log score from the samples' spread (of a mean; the median is close enough)."""
-        total = 0.0
-        for kind, w in self.weights.items():
-            values = [v for v in samples.get(kind) or [] if v > 0]
-            if len(values) < 2:
-                return None
-            total += w * w * statistics.variance([math.log(v) for v in values]) / len(values)
-        return total
+        return seen_trials(records, self.ctx.budget_mib, self.ctx.side, self.campaign.objective_weights(), self.weights)
 
     def _calibrate(self, seen: list[Seen]) -> None:
         """Refit each model's performance model to the OK trials' medians (and pruned trials' first repetition),
         towards its priors."""
         by_path: dict[str, list[tuple[TrialConfig, float | None, float | None]]] = {}
-        for s in _configurations(seen):
+        for s in configurations(seen):
             by_path.setdefault(str(s.config.model), []).append((s.config, s.tg, s.pp))
         for path, observations in by_path.items():
             if path in self.perf:
                 self.perf[path].calibrate(observations)
-
-
-def _configurations(seen: list[Seen]) -> list[Seen]:
-    """One Seen per configuration the models can learn from: its pooled score where a trial of it succeeded, else a
-    pruned trial's first repetition; not one whose numbers stand in for it."""
-    out: dict[str, Seen] = {}
-    for s in seen:
-        if s.evidence is not None and s.config is not None and not s.stand_in:
-            kept = out.get(_key(s.params))
-            if kept is None or (kept.score is None and s.score is not None):
-                out[_key(s.params)] = s
-    return list(out.values())
-
-
-def _chance(gain: float, sd: float) -> float:
-    """Probability that a candidate beats the incumbent, from the predicted log gain and its standard deviation."""
-    if sd <= 0:
-        return 1.0 if gain > 0 else 0.0
-    return 0.5 * math.erfc(-gain / (sd * math.sqrt(2)))
-
-
-def _worth(gain: float, sd: float) -> float:
-    """Expected improvement over the incumbent in log speed, E[max(0, g)] for g ~ N(gain, sd): it tells a likely
-    gain of a percent from a less likely one of a quarter, which the chance to beat the incumbent does not."""
-    if sd <= 0:
-        return max(gain, 0.0)
-    z = gain / sd
-    return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) + gain * _chance(gain, sd)
-
-
-def _key(params: dict[str, Any]) -> str:
-    """A configuration's identity among the trials (its searched parameters)."""
-    return json.dumps(params, sort_keys=True, default=str)

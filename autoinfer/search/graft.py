@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from autoinfer.model.placement import GPU_SPLITS
+from autoinfer.search.chance import chance_to_beat
 from autoinfer.search.effects import KnobEffects
 from autoinfer.search.memory_screen import MemoryScreen
 from autoinfer.store import trials as store
@@ -38,8 +39,7 @@ class Graft:
 
 def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict[str, Any], incumbent_score: float,
           knobs: Sequence[str], effects: KnobEffects, memory: MemoryScreen, budget: float | None,
-          weights: dict[str, float], modelled: Callable[[TrialConfig, TrialConfig], float],
-          chance: Callable[[float, float], float]) -> Graft | None:
+          weights: dict[str, float], modelled: Callable[[TrialConfig, TrialConfig], float]) -> Graft | None:
     """The graft to measure next, or None: no raw-override placement measured within the budget, the incumbent's
     knobs already measured with it, or its peak over the budget. Its predicted gain over the incumbent is the
     measured ratio of the placement's best trial to the incumbent, times what the performance model (`modelled`: the
@@ -68,7 +68,7 @@ def graft(records: Sequence[TrialRecord], incumbent: int, incumbent_params: dict
         return None
     mean, sd = effects.diff(moved, {k: base.params.get(k) for k in moved})
     gain = math.log(score / incumbent_score) + modelled(config, ran) + mean
-    p = chance(gain, sd)
+    p = chance_to_beat(gain, sd)
     changed = ", ".join(f"{k} {base.params.get(k)} → {v}" for k, v in moved.items() if base.params.get(k) != v)
     reason = (f"graft: trial {base.number}'s placement (llama-fit-params' {len(base.fit_override_tensors)} "
               f"overrides) with trial {incumbent}'s knobs ({changed}), predicted ×{math.exp(gain):.2f} ± {sd:.2f} of "

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoinfer.search.boundary import _chance
+from autoinfer.search.chance import chance_to_beat
 from autoinfer.search.effects import PRIOR_SD, KnobEffects
 
 VALUES = {"type_k": ["f16", "q8_0", "q4_0"], "flash_attn": ["off", "on"]}
@@ -54,7 +54,7 @@ def test_a_trend_along_an_ordered_knob_carries_to_the_next_value_never_measured(
 
     def chance_of_four(values):
         obs = [({"threads": values[t]}, y, 0.0001) for t, y in speeds.items()] * 4
-        return _chance(*KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
+        return chance_to_beat(*KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
                                                                                     {"threads": values[8]}))
 
     ordered = chance_of_four({t: t for t in (4, 8, 12, 16)})
@@ -69,7 +69,7 @@ def test_a_monotone_trend_is_expected_to_go_on_one_value_past_the_measured_ones(
     speeds = {16: math.log(0.9), 12: 0.0, 8: math.log(1.1)}
     obs = [({"threads": t}, y, 0.0001) for t, y in speeds.items()] * 4
     mean, sd = KnobEffects({"threads": [4, 8, 12, 16]}).fit(obs).diff({"threads": 4}, {"threads": 8})
-    assert mean > 0 and _chance(mean, sd) > 0.6
+    assert mean > 0 and chance_to_beat(mean, sd) > 0.6
 
 
 def test_the_level_of_raw_speeds_goes_to_the_intercept_not_to_the_values_measured():

@@ -91,7 +91,7 @@ def test_a_graft_measured_over_the_budget_makes_the_next_like_one_predicted_over
     effects = KnobEffects({"ubatch": [256, 512, 1024], "threads": [8, 16]}).fit([])
     base = trial(0, 512, 16, 12400.0, "ok")
     args = (3, {"ubatch": 1024, "threads": 8}, 6500.0, ["ubatch", "threads"], effects, memory, BUDGET, {"pp": 1.0},
-            lambda a, b: 0.0, lambda gain, sd: 0.9)
+            lambda a, b: 0.0)
     first = graft([base], *args)
     assert first is not None and first.params == {"ubatch": 1024, "threads": 8}
     over = trial(1, 1024, 16, BUDGET + 400.0, "infeasible")  # an earlier graft, measured over

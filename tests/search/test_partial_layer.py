@@ -15,7 +15,7 @@ from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import Baseline, TrialConfig
 from autoinfer.engines.replay import ReplayEngine
 from autoinfer.model.placement import PARTIAL_TENSORS, expert_override, overridden, realize
-from autoinfer.search.boundary import Boundary
+from autoinfer.search.shares import Shares
 from autoinfer.store.records import TrialRecord
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.replay_cli import OFFLINE
@@ -87,18 +87,18 @@ def test_the_search_keeps_part_of_a_layer_in_ram_where_the_whole_layer_does_not_
 def test_placements_predicted_over_are_probed_only_within_the_models_measured_error():
     """Part of a layer makes the GPU shares finer than a fixed 3% probe: on an H100 at 12 GiB the calibrated model
     missed by 1-50 MiB and 5 of 10 trials measured placements predicted over the budget, each over as predicted."""
-    boundary = Boundary.__new__(Boundary)
-    boundary.ctx = SimpleNamespace(budget_mib=12288.0, side="device")
+    shares = Shares.__new__(Shares)
+    shares.ctx = SimpleNamespace(budget_mib=12288.0, side="device")
 
     def measured(*pairs):
         return [TrialRecord(i, TrialState.COMPLETE, params={"x": i}, vram_peak_mib=peak, predicted_mib=pred)
                 for i, (peak, pred) in enumerate(pairs)]
 
     prior = (12328.0, 12109.0)  # the first prediction, before any measured peak
-    assert boundary._probe_margin(measured(prior, (12186.0, 12162.0))) is None  # one error: _margin says
-    calibrated = boundary._probe_margin(measured(prior, (12186.0, 12162.0), (12618.0, 12612.0), (12472.0, 12465.0)))
+    assert shares.probe_margin(measured(prior, (12186.0, 12162.0))) is None  # one error: Shares._margin says
+    calibrated = shares.probe_margin(measured(prior, (12186.0, 12162.0), (12618.0, 12612.0), (12472.0, 12465.0)))
     assert calibrated == pytest.approx(1.4826 * 7.0)
-    assert boundary._probe_margin(measured(prior, (12900.0, 12100.0), (11500.0, 12300.0))) == pytest.approx(0.03 * 12288)
+    assert shares.probe_margin(measured(prior, (12900.0, 12100.0), (11500.0, 12300.0))) == pytest.approx(0.03 * 12288)
 
 
 def test_after_a_measured_fit_next_to_the_budget_the_calibrated_model_is_not_probed_over_it(planted, monkeypatch):
