@@ -348,7 +348,8 @@ class Boundary:
             params, gain, sd, why = combos[0]
             return Choice(params, f"model: the combination at the boundary most likely to beat trial "
                                   f"{incumbent.number} ({chance_to_beat(gain, sd):.0%}), predicted "
-                                  f"×{math.exp(gain):.2f} ± {sd:.2f} by the effects of {effects.n} configurations{why}")
+                                  f"×{math.exp(gain):.2f} ± {sd:.2f} by the effects of {effects.n} "
+                                  f"configurations{why}")
         moves = [m for m in seen if m.score is not None and m.params != incumbent.params]
         if incumbent.runs == 1 and moves:  # compared with measured moves: a lucky first measurement would end it
             return Choice(incumbent.params, f"again: no move or combination the model expects to beat trial "
@@ -516,7 +517,7 @@ class Boundary:
             params = {**c.params, **knobs}
             if self._placed(params, incumbent) <= 0.0 or self.configs.same(params) in tried:
                 continue  # no faster than the incumbent's own share: nothing for the risk to buy
-            fits = chance_to_beat(budget - carried.mib, carried.sd)
+            fits = chance_to_beat(budget - carried.mib, carried.sd)  # the peak's chance to land within the budget
             gain, sd = self._gain(params, incumbent, effects)
             chance = fits * chance_to_beat(gain, sd)
             if best is None or chance > best.chance:

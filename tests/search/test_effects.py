@@ -54,8 +54,8 @@ def test_a_trend_along_an_ordered_knob_carries_to_the_next_value_never_measured(
 
     def chance_of_four(values):
         obs = [({"threads": values[t]}, y, 0.0001) for t, y in speeds.items()] * 4
-        return chance_to_beat(*KnobEffects({"threads": list(values.values())}).fit(obs).diff({"threads": values[4]},
-                                                                                    {"threads": values[8]}))
+        effects = KnobEffects({"threads": list(values.values())}).fit(obs)
+        return chance_to_beat(*effects.diff({"threads": values[4]}, {"threads": values[8]}))
 
     ordered = chance_of_four({t: t for t in (4, 8, 12, 16)})
     unordered = chance_of_four({t: f"t{t}" for t in (4, 8, 12, 16)})
