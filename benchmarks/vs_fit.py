@@ -14,7 +14,8 @@ Per budget:
    goes first; one score per run (the median of its repetitions). Printed: tg and pp medians, the ratio ours/fit with
    its 95% bootstrap CI and the Mann-Whitney p-value, the same ratio by round (the geometric mean of each round's
    ours/fit, its t interval and the paired t-test's p: a drift that moves both sides of a round cancels in it), and
-   each side's peak VRAM.
+   each side's peak VRAM. The result files are written again after the sweep and after every round, the budget
+   marked `cut` until its rounds end: a run the device time cuts short keeps its sweep and the rounds it ran.
 4. The bandwidth account: the weight bytes one decoded token reads on each side (the shared performance model's
    features), the host's measured read bandwidth (a multi-threaded sum over 2 GiB, as many threads as the
    configuration uses) and the GPU's (a device-to-device copy); the ceiling 1 / (cpu_GB/host_GB/s + gpu_GB/gpu_GB/s)
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import yaml
@@ -130,8 +132,10 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
     return TrialConfig.from_params({**answer["config"], **MEASURE}), answer, sweep.stdout
 
 
-def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[str, list[float]]]:
-    """`rounds` fresh-process runs of each, alternating order; one tg/pp score per run and its peak VRAM."""
+def interleave(a: TrialConfig, b: TrialConfig, rounds: int,
+               after_round: Callable[[dict], None] = lambda runs: None) -> dict[str, dict[str, list[float]]]:
+    """`rounds` fresh-process runs of each, alternating order; one tg/pp score per run and its peak VRAM.
+    `after_round` gets the runs so far after each round (main keeps them: a run cut short keeps its rounds)."""
     engine = base.create("llama-bench")
     out = {side: {"tg": [], "pp": [], "peak": [], "peak_per_gpu": []} for side in ("ours", "fit")}
     for r in range(rounds):
@@ -143,6 +147,7 @@ def interleave(a: TrialConfig, b: TrialConfig, rounds: int) -> dict[str, dict[st
             out[side]["pp"].append(float(np.median(m.pp_samples)))
             out[side]["peak"].append(m.vram_peak_mib)  # the fullest GPU's
             out[side]["peak_per_gpu"].append(list(m.vram_per_gpu_mib))
+        after_round(out)
     return out
 
 
@@ -400,7 +405,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  fit found in {time.monotonic() - started:.0f} s")
         ours, answer, sweep_output = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log)
         log(f"  sweep done at {time.monotonic() - started:.0f} s\n  fit:  {describe(fit)}\n  ours: {describe(ours)}")
-        runs = interleave(ours, fit, args.rounds)
+        swept = {"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
+                 "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
+                 "sweep_output": sweep_output.splitlines(),
+                 "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")]}
+
+        def keep(runs: dict, swept: dict = swept) -> None:
+            """The budget so far, marked cut: where the device time ends during the rounds, the sweep and the rounds
+            run stay in the result files (vs_fit_rounds.py leaves such a record out of its tables)."""
+            rounds = len(runs["ours"]["tg"])
+            write(args, rows, accounts, account, lines, records + [{**swept, "runs": runs, "cut": (
+                f"{rounds} of {args.rounds} rounds run when this was written")}], show=False)
+
+        keep({side: {"tg": [], "pp": [], "peak": [], "peak_per_gpu": []} for side in ("ours", "fit")})
+        runs = interleave(ours, fit, args.rounds, after_round=keep)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         ratios = compare_runs(runs)
         peak = peaks(runs)
@@ -416,11 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         log(rows[-1])
         answers[budget] = {side: (modelled[side], float(np.median(runs[side]["tg"]))) for side in ("fit", "ours")}
         interleaved += [(modelled[side], tg) for side in ("fit", "ours") for tg in runs[side]["tg"]]
-        records.append({"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
-                        "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
-                        "sweep_output": sweep_output.splitlines(),
-                        "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")],
-                        "runs": runs, **{k: c.to_dict() for k, c in ratios.items()}, "bandwidth": bound,
+        records.append({**swept, "runs": runs, **{k: c.to_dict() for k, c in ratios.items()}, "bandwidth": bound,
                         "gpu_copy_gbps": round(gpu_gbps)})
         observations = sweep_observations(work, [f"vs-fit-{b:.0f}" for b in answers]) + interleaved
         fit_peaks[budget] = peak["fit"]
@@ -432,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(args: argparse.Namespace, rows: list[str], accounts: list[str], account: list[str], lines: list[str],
-          records: list[dict]) -> None:
+          records: list[dict], show: bool = True) -> None:
     table = ["| budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | tg by round [95% CI] | fit pp512 | ours pp512 "
              "| pp ours/fit [95% CI] | pp by round [95% CI] | fit peak MiB | ours peak MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
@@ -442,7 +456,8 @@ def write(args: argparse.Namespace, rows: list[str], accounts: list[str], accoun
     args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
                         + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
     args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=str) + "\n")
-    print("\n".join(table), flush=True)
+    if show:
+        print("\n".join(table), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ result file keeps; then the single-GPU runs pooled per budget and over all budge
 observation, their geometric mean with a t interval across runs (hosts and search versions differ between runs, so
 this is what a run of the sweep against fit has given, not one configuration's speed); then each run's bandwidth
 account as vs_fit.py stored it: the share of its bandwidth ceiling (the tg no placement of its weight bytes could
-beat at the host's measured read bandwidth and the GPU's copy bandwidth) each side's median reached.
+beat at the host's measured read bandwidth and the GPU's copy bandwidth) each side's median reached. A budget
+vs_fit.py stored before its rounds ended (marked `cut`) is named at the end and left out of the tables.
 
     cd benchmarks && python vs_fit_rounds.py results/vs-fit-*.json > results/vs-fit-by-round.md
 """
@@ -37,9 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     by_budget: dict[float, list[Comparison]] = defaultdict(list)
     ceilings: list[str] = []
+    cut: list[str] = []
     for path in args.results:
         records = json.loads(path.read_text())
         for record in records if isinstance(records, list) else [records]:
+            if record.get("cut"):
+                cut.append(f"{path.name} at {record['budget_mib']:.0f} MiB ({record['cut']})")
+                continue
             runs = record["runs"]
             ratios = compare_runs(runs)
             print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peaks(runs)))
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
           "| ours tg ceiling (reached) |")
     print("|---|---|---|---|---|---|")
     print("\n".join(ceilings))
+    if cut:
+        print("\nLeft out, cut before their rounds ended: " + "; ".join(cut) + ".")
     return 0
 
 

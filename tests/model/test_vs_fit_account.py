@@ -4,6 +4,7 @@ placement) the account says it cannot tell, instead of printing the fit's arbitr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +140,31 @@ def test_vs_fit_takes_budgets_with_commas_or_spaces_and_refuses_others_in_one_li
             main(["--model", "m.gguf", "--out", "o", "--budgets", bad])
         assert exc.value.code == 2
         assert "--budgets" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_each_round_is_kept_as_it_ends_and_a_cut_budget_stays_out_of_the_tables(monkeypatch, llama_tools, tiny_model,
+                                                                                 tmp_path, capsys):
+    """Where the device time ends during the interleaved rounds (at 12 GiB on an H100, after a finished sweep), the
+    sweep and the rounds run stay in the result file, marked cut; vs_fit_rounds.py names such a budget and leaves it
+    out of its tables and its pooled ratio."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setenv("AUTOINFER_LLAMA_BIN", str(llama_tools.bin_dir))
+    import vs_fit_rounds
+    from vs_fit import interleave
+
+    config = TrialConfig.from_params({"model": str(tiny_model), "n_gpu_layers": 0, "threads": 1, "n_prompt": 16,
+                                      "n_gen": 4, "repetitions": 1})
+    kept = []
+    runs = interleave(config, config, 2, after_round=lambda so_far: kept.append(len(so_far["ours"]["tg"])))
+    assert kept == [1, 2] and len(runs["fit"]["tg"]) == 2 and min(runs["fit"]["tg"] + runs["ours"]["tg"]) > 0
+
+    stored = json.loads((BENCHMARKS / "results" / "vs-fit-h100-d879220.json").read_text())[0]
+    cut = {**stored, "budget_mib": 12288.0, "runs": runs, "cut": "2 of 5 rounds run when this was written"}
+    path = tmp_path / "vs-fit-cut.json"
+    path.write_text(json.dumps([stored, cut]))
+    assert vs_fit_rounds.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| vs-fit-cut.json | 16384 |" in out and "| vs-fit-cut.json | 12288 |" not in out
+    assert "| 12288 |" not in out and "| all | 1 |" in out
+    assert out.strip().splitlines()[-1] == ("Left out, cut before their rounds ended: vs-fit-cut.json at 12288 MiB "
+                                            "(2 of 5 rounds run when this was written).")
