@@ -135,9 +135,11 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
 def interleave(a: TrialConfig, b: TrialConfig, rounds: int,
                after_round: Callable[[dict], None] = lambda runs: None) -> dict[str, dict[str, list[float]]]:
     """`rounds` fresh-process runs of each, alternating order; one tg/pp score per run and its peak VRAM.
-    `after_round` gets the runs so far after each round (main keeps them: a run cut short keeps its rounds)."""
+    `after_round` gets the runs so far before the first round and after each (main keeps them: a run cut short keeps
+    its rounds)."""
     engine = base.create("llama-bench")
     out = {side: {"tg": [], "pp": [], "peak": [], "peak_per_gpu": []} for side in ("ours", "fit")}
+    after_round(out)
     for r in range(rounds):
         for side, config in ([("ours", a), ("fit", b)] if r % 2 == 0 else [("fit", b), ("ours", a)]):
             m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
@@ -410,14 +412,13 @@ def main(argv: list[str] | None = None) -> int:
                  "sweep_output": sweep_output.splitlines(),
                  "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")]}
 
-        def keep(runs: dict, swept: dict = swept) -> None:
+        def keep(runs: dict) -> None:
             """The budget so far, marked cut: where the device time ends during the rounds, the sweep and the rounds
             run stay in the result files (vs_fit_rounds.py leaves such a record out of its tables)."""
             rounds = len(runs["ours"]["tg"])
             write(args, rows, accounts, account, lines, records + [{**swept, "runs": runs, "cut": (
                 f"{rounds} of {args.rounds} rounds run when this was written")}], show=False)
 
-        keep({side: {"tg": [], "pp": [], "peak": [], "peak_per_gpu": []} for side in ("ours", "fit")})
         runs = interleave(ours, fit, args.rounds, after_round=keep)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         ratios = compare_runs(runs)

@@ -254,7 +254,8 @@ def interleave(keys: list[int], run: Callable[[int, int], Measurement], spec: Co
                 bool((m.env.get("idle") or {}).get("busy"))))
         r += 1
         if r >= spec.rounds:
-            if precise_enough(_scores(keys, runs), spec.precision, spec.test, _rounds(keys, runs)):
+            scores, score_rounds = _scored(keys, runs)
+            if precise_enough(scores, spec.precision, spec.test, score_rounds):
                 break
             if r < spec.max_rounds:
                 note(f"confirmation: the leaders' ratio is not yet within ±{spec.precision:.0%} after {r} rounds; "
@@ -262,13 +263,11 @@ def interleave(keys: list[int], run: Callable[[int, int], Measurement], spec: Co
     return runs, r
 
 
-def _scores(keys: list[int], runs: list[ConfirmRun]) -> dict[int, list[float]]:
-    return {k: [x.score for x in runs if x.trial == k and x.score is not None] for k in keys}
-
-
-def _rounds(keys: list[int], runs: list[ConfirmRun]) -> dict[int, list[int]]:
-    """The round of each of _scores' scores."""
-    return {k: [x.round for x in runs if x.trial == k and x.score is not None] for k in keys}
+def _scored(keys: list[int], runs: list[ConfirmRun]) -> tuple[dict[int, list[float]], dict[int, list[int]]]:
+    """Each finalist's scores of its successful runs, and each score's round (for the paired test)."""
+    ok = [x for x in runs if x.score is not None]
+    scores = {k: [x.score for x in ok if x.trial == k] for k in keys}
+    return scores, {k: [x.round for x in ok if x.trial == k] for k in keys}
 
 
 def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: int, spec: ConfirmSpec,
@@ -277,18 +276,19 @@ def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: 
     """The confirmation record of interleaved `runs` of the finalists (key → their parameters): each finalist's
     scores and memory, and the verdict."""
     per_key: dict[int, Finalist] = {}
+    all_scores, score_rounds = _scored(list(params), runs)
     for key, values in params.items():
         mine = [x for x in runs if x.trial == key]
-        scores = [x.score for x in mine if x.score is not None]
+        scores = all_scores[key]
         mem, mem_kind = _memory(mine)
         per_key[key] = Finalist(
             key, dict(values), tuple(scores), statistics.median(scores) if scores else None,
             bootstrap_ci(scores) if len(scores) >= 2 else None, mem if mem != float("inf") else None, mem_kind,
             len(mine) - len(scores))
-    verdict = decide({n: list(p.scores) for n, p in per_key.items()},
+    verdict = decide(all_scores,
                      {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_key.items()},
                      alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
-                     speed_tolerance=spec.speed_tolerance, label=label, score_rounds=_rounds(list(params), runs))
+                     speed_tolerance=spec.speed_tolerance, label=label, score_rounds=score_rounds)
     return Confirmation(
         time.time(), spec.alpha, spec.test, rounds, spec.memory_tolerance, spec.speed_tolerance, spec.precision,
         weights, after_trials, tuple(per_key.values()), tuple(runs), verdict)
