@@ -18,6 +18,9 @@
 #       is dominated),
 #       spread (a seventh, never seen by the search: the last or a spread of layers' experts in RAM x ubatch 256/1024
 #       x threads 8/16 at 9 placements around the 8, 12 and 16 GiB boundaries, 72 rows, ~8 minutes),
+#       threads (a tenth, never seen by the search: threads 4-16 in steps of 2 at the last 18 and 28 layers' experts
+#       in RAM, in 2 processes per configuration, 28 rows, ~5 minutes: how a real host's threads curve bends, which no
+#       earlier table could say with two thread counts),
 #       vsfit (autoinfer's recommendation vs llama-fit-params at 8, 12 and 16 GiB, interleaved; BUDGETS, TRIALS,
 #       SWEEP_WALL_S (seconds of search per sweep, 300) and ROUNDS set the run),
 #       servermem (each budget's recommendation in $VSFIT_JSON, a vs_fit.py result: its peak in llama-bench, in the
@@ -113,6 +116,12 @@ for step in "$@"; do
         --grid cpu_expert_layers=7,8,9,17,18,19,27,28,29 placement=last,even ubatch=256,1024 threads=8,16 \
         --fixed n_gpu_layers=99 flash_attn=on type_k=f16 load_mode=mmap \
         --n-prompt 512 --n-gen 32 --repetitions 2 --seed 19 --max-minutes "${KNOB_MINUTES:-10}" --resume
+      ;;
+    threads)
+      python3 benchmarks/make_table.py --model "$BIG" --out "$OUT/gpu-35b-threads.csv" \
+        --grid cpu_expert_layers=18,28 threads=4,6,8,10,12,14,16 \
+        --fixed n_gpu_layers=99 placement=last flash_attn=on ubatch=512 type_k=f16 load_mode=mmap \
+        --n-prompt 512 --n-gen 32 --repetitions 2 --processes 2 --seed 29 --max-minutes "${KNOB_MINUTES:-5}" --resume
       ;;
     vsfit)
       python3 benchmarks/vs_fit.py --model "$BIG" --budgets "${BUDGETS:-8192,12288,16384}" --trials "${TRIALS:-16}" \
