@@ -89,7 +89,8 @@ after; 1272-1319 judged an incumbent chosen by the models' belief instead of the
 sampling in the grid step, and with 1344-1391 in the model step (none kept); 1440-1463 judged the search unchanged,
 unseen, beside random search with 100 trials, and 1461 and 1446 were traced after; 1464-1487 judged it unchanged,
 unseen, likewise, and 1488-1511 too (1499 traced after), 1512-1535 (1531 and 1535 traced after) and 1536-1559
-(1541 traced after); 1560-1583 have random search's run.
+(1541 traced after), and 1272-1319 a combination of several knobs before the likeliest one-knob move (not kept);
+1560-1583 have random search's run.
 Budgets per table come from --budget (MiB, repeatable), else the table's .meta.json "budgets_mib", else those of
 8, 12 and 16 GiB that some but not all of its rows fit; a table without a memory column is searched without a
 budget. A median counts a seed that never reached the target as trials + 1, so a ratio to random search whose
