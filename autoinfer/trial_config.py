@@ -7,6 +7,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+#: Load modes whose weights in RAM are the model file's mapped pages: llama.cpp then never puts them in a host buffer
+#: (llama-model-loader: "avoid using a host buffer when using mmap"), so `--no-host` and huge pages do not move them.
+MAPPED_LOAD_MODES = frozenset({"mmap", "mmap+mlock"})
+
 
 @dataclass(frozen=True)
 class TrialConfig:
@@ -41,6 +45,12 @@ class TrialConfig:
     def get(self, name: str, default: Any = None) -> Any:
         """An engine-specific knob from `extra`."""
         return dict(self.extra).get(name, default)
+
+    def host_weights_unpinned(self) -> bool:
+        """huge_pages=1 with a load mode that reads the file: llama.cpp's `--no-host` keeps the weights in RAM in
+        malloc'd memory instead of the driver's pinned buffers (engines/llama_common.py HUGE_PAGES)."""
+        value = self.get("huge_pages")
+        return value is not None and bool(int(value)) and self.load_mode not in MAPPED_LOAD_MODES
 
     @classmethod
     def field_names(cls) -> frozenset[str]:

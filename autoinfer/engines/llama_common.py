@@ -24,6 +24,7 @@ from autoinfer.measure.crash import Crash, signal_name
 from autoinfer.measure.gpu import memory_used_mib, visible_gpus
 from autoinfer.measure.host import usable_physical_cores
 from autoinfer.measure.process import run_isolated
+from autoinfer.trial_config import MAPPED_LOAD_MODES
 
 _REASON_CHARS = 240
 
@@ -255,8 +256,6 @@ _BENCH_EXTRA_DEFAULTS = {"prio": 0, "cpu_mask": "0x0", "cpu_strict": False, "del
 #: as with mmap, 0.20x pinned (benchmarks/results/huge-pages.md). With mmap the weights are the file's pages,
 #: which this does not change.
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-#: Load modes whose weights in RAM are the model file's mapped pages, which huge_pages does not touch.
-MAPPED_LOAD_MODES = frozenset({"mmap", "mmap+mlock"})
 
 
 def knob_environment(config: TrialConfig) -> dict[str, str]:

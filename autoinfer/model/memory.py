@@ -1,8 +1,9 @@
 """How much device memory (or, on a CPU-only build, RAM) a configuration needs at its peak.
 
 The memory model adds what a configuration puts in device memory: weights (byte accounting from
-autoinfer.model.placement), KV cache and recurrent state for the context, compute buffers that grow with ubatch, and
-the staging copy of host-resident experts that op offload makes during prompt processing. It starts from these
+autoinfer.model.placement), KV cache and recurrent state for the context, compute buffers that grow with ubatch
+(larger where the last layer's experts sit in RAM outside the driver's pinned buffers, `--no-host`), and the
+staging copy of host-resident experts that op offload makes during prompt processing. It starts from these
 physical estimates and is calibrated online (Bayesian linear regression) from the peaks measured by finished
 trials, so its error shrinks as the campaign runs and is always reported. On several GPUs it predicts each GPU's
 peak (a per-GPU budget binds on the fullest one): the same terms per device, with the layers cut by the tensor
@@ -89,11 +90,12 @@ class MemoryModel:
         shares = split_shares(split) if split else (1.0,) * self.n_devices
         key = (config.n_gpu_layers, config.n_cpu_moe, tuple(realize(config, self.shape.n_layers).override_tensors),
                config.ubatch, config.batch, config.type_k, config.type_v, config.flash_attn,
-               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0), shares)
+               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0), shares,
+               config.host_weights_unpinned())
         return self._features(key)
 
     def _compute_features(self, key: tuple[Any, ...]) -> np.ndarray:
-        ngl, ncmoe, overrides, ubatch, batch, type_k, type_v, flash_attn, n_ctx, shares = key
+        ngl, ncmoe, overrides, ubatch, batch, type_k, type_v, flash_attn, n_ctx, shares, unpinned = key
         s = self.shape
         gpu = self.side == "device"
         n_ctx = 256 * math.ceil(max(n_ctx, 1) / 256)  # llama_context pads the context to 256
@@ -107,14 +109,18 @@ class MemoryModel:
         # (benchmarks/results/vs-fit-h100.md).
         output = max(per_token, 4 * (s.vocab + s.hidden))
         offload_copy = 0.0
-        if gpu and ub >= OP_OFFLOAD_MIN_BATCH:
-            cpu_layers = layers_on_cpu([*overrides, *ncmoe_patterns(ncmoe)],
-                                       s.tensor_names)
+        cpu_layers = layers_on_cpu([*overrides, *ncmoe_patterns(ncmoe)], s.tensor_names) if gpu else set()
+        if ub >= OP_OFFLOAD_MIN_BATCH:
             per_layer = {}
             for t in s.tensors:
                 if t.group == "routed_experts" and t.layer in cpu_layers:
                     per_layer[t.layer] = max(per_layer.get(t.layer, 0), t.n_bytes)
             offload_copy = max(per_layer.values(), default=0)
+        # With the weights in RAM outside the driver's pinned buffers (`--no-host`) and the last layer's experts
+        # among them, the compute buffer held one more layer's per-token tensors beside the output's: in 8 H100
+        # sweeps of the 35B stand-in, 46-62 MiB at ubatch 512 and 17-31 at 256 over the same placement with mmap, and
+        # nothing with the first or a spread of layers' experts in RAM (benchmarks/results/vs-fit-h100-*.json).
+        beside_output = per_token if unpinned and s.n_layers - 1 in cpu_layers else 0.0
 
         def cache_of(layers: list[int]) -> float:
             n_attention = sum(1 for i in layers if i in s.attention_layers)
@@ -124,7 +130,7 @@ class MemoryModel:
             weights = placement_bytes(s, ngl, ncmoe, overrides, gpu=gpu)
             first_gpu = first_gpu_layer(ngl, s.n_layers)
             cache = cache_of([i for i in range(s.n_layers) if not gpu or i >= first_gpu])
-            compute = ub * (output + scores)
+            compute = ub * (output + beside_output + scores)
             return np.array([[weights.gpu_bytes if gpu else weights.cpu_bytes + weights.gpu_bytes,
                               cache, compute, offload_copy, MIB]]) / MIB
         devices = layer_devices(s.n_layers, ngl, shares)
@@ -132,7 +138,7 @@ class MemoryModel:
         rows = []
         for k in range(len(shares)):
             cache = cache_of([i for i in range(s.n_layers) if devices[i] == k])
-            compute = ub * ((output if devices[s.n_layers] == k else per_token) + scores)
+            compute = ub * ((output + beside_output if devices[s.n_layers] == k else per_token) + scores)
             rows.append([weights_k[k], cache, compute, offload_copy if k == 0 else 0.0, MIB])
         return np.array(rows) / MIB
 
