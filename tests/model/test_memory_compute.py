@@ -128,6 +128,7 @@ def _twins_by_host_buffers() -> list[tuple[TrialConfig, float, TrialConfig, floa
 
 
 def _but_host_buffers(config: TrialConfig) -> TrialConfig:
+    """The configuration with its weights in RAM as the default leaves them: what a twin shares."""
     return config.with_(load_mode="mmap", extra=tuple((k, v) for k, v in config.extra if k != "huge_pages"))
 
 
@@ -136,7 +137,7 @@ def test_the_weights_outside_pinned_buffers_weigh_on_the_gpu_as_h100_sweeps_meas
     mapped, and outside them (huge pages, `--no-host`). With the last layers' experts in RAM the second peaked 20-60
     MiB higher (ubatch 256 / 512), with the first ones' the same: the memory model predicts each pair's difference
     within 12 MiB, uncalibrated. Without that term a sweep's first huge-page trial at the boundary measured 24 MiB over
-    an 8 GiB budget in three runs (vs-fit-h100.md)."""
+    an 8 GiB budget in four runs (vs-fit-h100.md)."""
     shape = ModelShape.from_json((TABLES / "h100-35b.shape.json").read_text())
     model = MemoryModel(shape, "device")
     pairs = _twins_by_host_buffers()
