@@ -41,6 +41,7 @@
 #       workers2gpu (`autoinfer worker --gpus 0,1` on a throwaway PostgreSQL: one worker per GPU, one measurement
 #       at a time; PG_BIN names the PostgreSQL bin folder, e.g. Debian's /usr/lib/postgresql/15/bin).
 # LLAMA_BIN is a CUDA llama.cpp bin folder (`autoinfer build --cuda` makes one); OUT receives tables and logs.
+# On a GPU host without network, benchmarks/bare_host.sh brings what these steps need and runs them.
 set -euo pipefail
 : "${LLAMA_BIN:?set LLAMA_BIN to a CUDA llama.cpp bin folder}" "${OUT:?set OUT to an output folder}"
 export AUTOINFER_LLAMA_BIN="$LLAMA_BIN" PYTHONUNBUFFERED=1
