@@ -49,8 +49,7 @@ class TrialConfig:
     def host_weights_unpinned(self) -> bool:
         """huge_pages=1 with a load mode that reads the file: llama.cpp's `--no-host` keeps the weights in RAM in
         malloc'd memory instead of the driver's pinned buffers (engines/llama_common.py HUGE_PAGES)."""
-        value = self.get("huge_pages")
-        return value is not None and bool(int(value)) and self.load_mode not in MAPPED_LOAD_MODES
+        return wants_huge_pages(self) and self.load_mode not in MAPPED_LOAD_MODES
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -76,3 +75,10 @@ class TrialConfig:
 
     def with_(self, **changes: Any) -> "TrialConfig":
         return replace(self, **changes)
+
+
+def wants_huge_pages(config: TrialConfig) -> bool:
+    """huge_pages=1 (engines/llama_common.py HUGE_PAGES): its trials also record how much of the process was on huge
+    pages."""
+    value = config.get("huge_pages")
+    return value is not None and bool(int(value))

@@ -21,9 +21,9 @@ from autoinfer.engines.llama_common import (
     child_environment,
     classify_failure,
     huge_pages_metrics,
-    wants_huge_pages,
 )
 from autoinfer.measure.process import run_isolated
+from autoinfer.trial_config import wants_huge_pages
 
 #: Fields of a llama-bench record that describe the build and machine rather than the configuration.
 ENV_FIELDS = ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")

@@ -24,7 +24,7 @@ from autoinfer.measure.crash import Crash, signal_name
 from autoinfer.measure.gpu import memory_used_mib, visible_gpus
 from autoinfer.measure.host import usable_physical_cores
 from autoinfer.measure.process import run_isolated
-from autoinfer.trial_config import MAPPED_LOAD_MODES
+from autoinfer.trial_config import MAPPED_LOAD_MODES, wants_huge_pages
 
 _REASON_CHARS = 240
 
@@ -279,12 +279,6 @@ def child_environment(config: TrialConfig, tools: Any) -> dict[str, str]:
     for name, value in knob_environment(config).items():
         env[name] = ":".join(v for v in (env.get(name), value) if v)
     return env
-
-
-def wants_huge_pages(config: TrialConfig) -> bool:
-    """huge_pages=1 (HUGE_PAGES): its trials also record how much of the process was on huge pages."""
-    value = config.get("huge_pages")
-    return value is not None and bool(int(value))
 
 
 def huge_pages_metrics(config: TrialConfig, peak_mib: float | None) -> dict[str, float | None]:

@@ -29,10 +29,10 @@ from autoinfer.engines.llama_common import (
     huge_pages_metrics,
     server_args,
     slots,
-    wants_huge_pages,
     whole_context,
 )
 from autoinfer.measure.process import IsolatedProcess
+from autoinfer.trial_config import wants_huge_pages
 
 #: Knobs beyond TrialConfig's fields: batch threads, context size, the number of slots (= concurrent clients) and
 #: the split over several GPUs.
