@@ -174,13 +174,10 @@ class MemoryModel:
             return self.calibration
         X = np.array([x for x, _ in obs])
         y = np.array([v for _, v in obs])
-        # One configuration's peak repeats to the MiB from process to process (VRAM, 45 configurations of 3 on an
-        # H200; RSS within 0.5 MiB), so the mean follows the peaks at the floor's noise; the doubt about the model's
-        # form stays in the spread. Fitted at the wider noise, the mean missed the peaks it was fitted to: on 10
-        # stored GPU sweeps the next trial's peak after 1-5 measured ones was 10-33 MiB above the prediction at the
-        # median, above it every time (a boundary trial at 16 GiB went 24 MiB over the budget,
-        # benchmarks/results/vs-fit-h200.md at 17c9bcc); with the mean at the floor, 3-6 MiB
-        # (tests/model/test_memory_calibration.py).
+        # A configuration's peak repeats from process to process (VRAM to the MiB in 45 configurations of 3 processes
+        # on an H200, RSS within 0.5 MiB), so the mean follows the peaks at the floor's noise and the doubt about the
+        # model's form stays in the spread. Fitted at the wider noise, the mean stayed 10-33 MiB under the next peak
+        # of 10 stored GPU sweeps after 1-5 peaks; at the floor, 3-6 (tests/model/test_memory_calibration.py).
         floor, noise = self._floor(y), self._noise(X, y)
         mean, _ = self._posterior(X, y, floor)
         _, cov = self._posterior(X, y, noise)
@@ -196,11 +193,12 @@ class MemoryModel:
 
     @staticmethod
     def _floor(y: np.ndarray) -> float:
+        """The least noise a peak is given: 1 MiB or 1% of the median peak."""
         return max(1.0, 0.01 * float(np.median(y)))
 
     def _noise(self, X: np.ndarray, y: np.ndarray) -> float:
-        """The predictions' noise: at least the floor, 1 MiB or 1% of the peak (5% while there are too few trials
-        to fit it); larger when the residuals of a fit say so."""
+        """The predictions' noise: at least the floor (5% of the peak while there are too few trials to fit it);
+        larger when the residuals of a fit say so."""
         floor = self._floor(y)
         if len(y) <= X.shape[1]:
             return max(floor, 0.05 * float(np.median(y)))
