@@ -177,9 +177,10 @@ class MemoryModel:
         # A configuration's peak repeats from process to process (VRAM to the MiB in 45 configurations of 3 processes
         # on an H200, RSS within 0.5 MiB), so the mean follows the peaks at the floor's noise and the doubt about the
         # model's form stays in the spread. Fitted at the wider noise, the mean stayed 10-33 MiB under the next peak
-        # of 10 stored GPU sweeps after 1-5 peaks; at the floor, 3-6 (tests/model/test_memory_calibration.py).
-        floor, noise = self._floor(y), self._noise(X, y)
+        # of 10 stored GPU sweeps after 1-5 peaks; at the floor, 3-6 (tests/model/test_memory_compute.py).
+        floor = max(1.0, 0.01 * float(np.median(y)))  # 1 MiB or 1% of the peak
         mean, _ = self._posterior(X, y, floor)
+        noise = self._noise(X, y, floor, mean)
         _, cov = self._posterior(X, y, noise)
         self.calibration = Calibration(tuple(mean), tuple(map(tuple, cov)), noise, len(obs), self._loo(X, y, floor))
         return self.calibration
@@ -192,17 +193,11 @@ class MemoryModel:
         return mean, cov
 
     @staticmethod
-    def _floor(y: np.ndarray) -> float:
-        """The least noise a peak is given: 1 MiB or 1% of the median peak."""
-        return max(1.0, 0.01 * float(np.median(y)))
-
-    def _noise(self, X: np.ndarray, y: np.ndarray) -> float:
+    def _noise(X: np.ndarray, y: np.ndarray, floor: float, mean: np.ndarray) -> float:
         """The predictions' noise: at least the floor (5% of the peak while there are too few trials to fit it);
-        larger when the residuals of a fit say so."""
-        floor = self._floor(y)
+        larger where the residuals of the mean fitted at the floor say so."""
         if len(y) <= X.shape[1]:
             return max(floor, 0.05 * float(np.median(y)))
-        mean, _ = self._posterior(X, y, floor)
         resid = y - X @ mean
         return max(floor, float(np.sqrt(np.mean(resid ** 2))))
 

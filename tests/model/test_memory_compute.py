@@ -1,4 +1,5 @@
-"""The compute buffer's share of the memory model, against peaks measured on an H100 (benchmarks/tables)."""
+"""The memory model against peaks measured on H100 and H200 hosts: the tables (benchmarks/tables) and the sweeps
+benchmarks/vs_fit.py stored (benchmarks/results, `sweep_trials`)."""
 
 from __future__ import annotations
 
@@ -110,20 +111,25 @@ def test_a_spread_of_expert_layers_is_predicted_from_the_last_layers_measured_on
     assert len(errors) == 36 and max(abs(e) for e in errors) < 10, errors
 
 
-def _twins_by_host_buffers() -> list[tuple[TrialConfig, float, TrialConfig, float]]:
-    """Pairs of trials of one H100 vs-fit sweep (benchmarks/results/vs-fit-h100*.json, `sweep_trials`) that ran the
-    same configuration but for the weights in RAM outside the driver's pinned buffers (huge_pages=1, `--no-host`) in
-    one of them: (that one as llama-bench ran it, its peak, the other, its peak)."""
+def _stored_sweeps(pattern: str) -> list[list[tuple[TrialConfig, float]]]:
+    """Each sweep stored in the vs-fit results matching `pattern`: its measured trials in their order, as
+    llama-bench ran them, with their peaks."""
     bench = create("llama-bench")
+    return [[(bench.as_run(TrialConfig.from_params({**t["config"], "model": "m"})), t["vram_peak_mib"])
+             for t in budget.get("sweep_trials", []) if t.get("config") and t.get("vram_peak_mib")]
+            for path in sorted(RESULTS.glob(pattern)) for budget in json.loads(path.read_text())]
+
+
+def _twins_by_host_buffers() -> list[tuple[TrialConfig, float, TrialConfig, float]]:
+    """Pairs of trials of one H100 vs-fit sweep that ran the same configuration but for the weights in RAM outside
+    the driver's pinned buffers (huge_pages=1, `--no-host`) in one of them: (that one as llama-bench ran it, its
+    peak, the other, its peak)."""
     pairs = []
-    for path in sorted(RESULTS.glob("vs-fit-h100*.json")):
-        for budget in json.loads(path.read_text()):
-            ran = [(bench.as_run(TrialConfig.from_params({**t["config"], "model": "m"})), t["vram_peak_mib"])
-                   for t in budget.get("sweep_trials", []) if t.get("config") and t.get("vram_peak_mib")]
-            for config, peak in ran:
-                if config.host_weights_unpinned():
-                    pairs += [(config, peak, other, other_peak) for other, other_peak in ran
-                              if not other.host_weights_unpinned() and _but_host_buffers(other) == _but_host_buffers(config)]
+    for ran in _stored_sweeps("vs-fit-h100*.json"):
+        for config, peak in ran:
+            if config.host_weights_unpinned():
+                pairs += [(config, peak, other, other_peak) for other, other_peak in ran
+                          if not other.host_weights_unpinned() and _but_host_buffers(other) == _but_host_buffers(config)]
     return pairs
 
 
@@ -146,3 +152,26 @@ def test_the_weights_outside_pinned_buffers_weigh_on_the_gpu_as_h100_sweeps_meas
     assert sum(measured >= 20 for _, measured, _ in gaps) >= 5, gaps  # the last layers' experts in RAM
     assert sum(abs(measured) <= 5 for _, measured, _ in gaps) >= 3, gaps  # the first ones' or a spread
     assert max(abs(measured - predicted) for _, measured, predicted in gaps) <= 12, gaps
+
+
+def test_after_a_few_peaks_the_next_trial_is_predicted_within_a_few_mib():
+    """The model calibrated on a stored single-GPU sweep's first 1-5 measured peaks predicts the next one within
+    8 MiB at the median (measured: 3-6 MiB by the number of peaks). A configuration's peak repeats to the MiB between
+    processes, so the mean follows the peaks; fitted at the few-trial noise of 5% of the peak, it missed them by
+    10-33 MiB, under the measured peak every time, and a boundary trial at 16 GiB went 24 MiB over the budget. The
+    doubt stays: after one peak the predictive spread is still over 100 MiB."""
+    shape = ModelShape.from_json((TABLES / "h100-35b.shape.json").read_text())
+    sweeps = [ran for ran in _stored_sweeps("vs-fit-h[12]00-*.json") if len(ran) > 5]
+    assert len(sweeps) >= 10, len(sweeps)
+    errors: dict[int, list[float]] = {}
+    for ran in sweeps:
+        for k in range(1, 6):
+            model = MemoryModel(shape, "device")
+            model.calibrate(ran[:k])
+            config, peak = ran[k]
+            prediction = model.predict(config)
+            errors.setdefault(k, []).append(peak - prediction.mib)
+            if k == 1:
+                assert prediction.std_mib > 100, prediction
+    medians = {k: statistics.median(abs(e) for e in v) for k, v in errors.items()}
+    assert max(medians.values()) < 8, medians
