@@ -97,7 +97,7 @@ MEMORY_NEUTRAL = frozenset({"threads", "poll", "cpu_strict", "prio"})
 # +0.9 ± 5.5%, benchmarks/table_structure.py). For a decode-only objective their moves come after the others unless
 # the memory they free is predicted to buy a faster placement.
 PROMPT_ONLY = frozenset({"batch", "ubatch"})
-DEVICE_NEUTRAL = frozenset({"load_mode", "huge_pages", "repack"})  # change host buffers, not the GPU's
+DEVICE_NEUTRAL = frozenset({"load_mode", "huge_pages", "repack"})  # host buffers (pinned or not: Shares.memory_values)
 DEFAULT_LOG_SD = 0.03  # spread of one trial's log median where it has too few samples to say (run-to-run noise)
 LONG_AXIS = 6  # an ordered knob with more values than this moves a quarter of its range first
 GRID_MAX = 4096  # combinations of the other knobs the strategy enumerates at the boundary before exploring
@@ -175,13 +175,13 @@ class Boundary:
         self.share = [n for n in GPU_SHARE if n in dists] if self.perf else []
         rank = {n: i for i, n in enumerate(KNOB_ORDER)}
         self.knobs = sorted((n for n in dists if n not in self.share), key=lambda n: (rank.get(n, len(rank)), n))
-        self.neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
+        neutral = MEMORY_NEUTRAL | (DEVICE_NEUTRAL if ctx.side == "device" else frozenset())
         self.deferred = PROMPT_ONLY if set(self.weights) == {"tg"} else frozenset()
         self.sampler = campaign.sampler.name
         self.fit_baseline = campaign.search.fit_params and ctx.side == "device" and bool(self.perf)
         self.grafts = self.fit_baseline  # its placement with the search's knobs (search/graft.py)
         self.configs = Configs(ctx, memory)
-        self.shares = Shares(ctx, memory, self.configs, self.values, self.share, self.neutral, self.perf,
+        self.shares = Shares(ctx, memory, self.configs, self.values, self.share, neutral, self.perf,
                              self.weights)
 
     # -- the interface -------------------------------------------------------------------------------------
@@ -477,8 +477,7 @@ class Boundary:
         if not self.share or incumbent.config is None or not incumbent.fits:
             return None
         params = {**{n: incumbent.params[n] for n in self.share if n in incumbent.params}, **knobs}
-        changed = {k for k, v in knobs.items() if incumbent.params.get(k) != v}
-        if changed <= self.neutral:
+        if self.shares.alike(incumbent.params, knobs):
             return params
         diff = self.memory.difference(self.configs.config(params), incumbent.config)
         return params if diff is not None and diff[0] <= 0.0 else None

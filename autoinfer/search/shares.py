@@ -42,6 +42,7 @@ BISECT_AFTER = 2  # wrong memory predictions in one memory group before the next
 PROBE = 0.03  # a placement predicted this far over the budget is still measured once (the model's typical error)
 PROBE_ERRORS = 2  # calibrated predictions measured before their errors, not PROBE, size the probe
 MAD_SD = 1.4826  # standard deviations per median absolute deviation (normal errors)
+HOST_BUFFERS = frozenset({"load_mode", "huge_pages"})  # together they say where the weights in RAM are held
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class Shares:
         self._pools: dict[str, list[Candidate]] = {}  # the GPU shares per knob values (candidates)
         self._miss: float | None = None  # how far predicted peak differences missed (None: no pair)
         self.probe: float | None = None  # the memory model's typical error once measured (MiB)
+        self._fixed = ctx.campaign.fixed()
+        self._unpinned: dict[tuple, bool] = {}  # unpinned() per load mode and huge pages
 
     def new_proposal(self, seen: list[Seen], trials: list[TrialRecord]) -> None:
         """Forget the last proposal's answers; learn how far the memory model misses from the trials so far."""
@@ -178,8 +181,7 @@ class Shares:
         does not. Once per proposal: the boundary and every move's reach ask for the same knob values."""
         key = self._memory_key(knobs)
         if key not in self._bounded:
-            group = [s for s in seen if s.fits is not None and s.config is not None
-                     and all(s.params.get(k) == v for k, v in knobs.items() if k not in self.neutral)]
+            group = [s for s in seen if s.fits is not None and s.config is not None and self.alike(s.params, knobs)]
             measured = [(self.configs.predict(s.config), s) for s in group]
             fit_at, nearest = max(((m, s) for m, s in measured if s.fits), key=lambda ms: ms[0],
                                   default=(-math.inf, None))
@@ -188,8 +190,34 @@ class Shares:
         return self._bounded[key]
 
     def _memory_key(self, knobs: dict[str, Any]) -> str:
-        """The knob values that can move a peak (memory-neutral ones aside), as a key."""
-        return json.dumps({k: v for k, v in knobs.items() if k not in self.neutral}, sort_keys=True, default=str)
+        """The knob values that can move a peak (memory_values), as a key."""
+        return json.dumps(self.memory_values(knobs), sort_keys=True, default=str)
+
+    def memory_values(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The knob values of `params` that can move a peak: the memory-neutral ones aside, but where the load mode
+        and huge pages are among those, whether together they leave the weights in RAM outside the driver's pinned
+        buffers (TrialConfig.host_weights_unpinned). With the last layer's experts in RAM, llama.cpp's compute
+        buffer then holds one more layer's per-token tensors (the memory model's term, 20-60 MiB on an H100). Without
+        it the pinned twins of a huge-page trial got its boundary and its prediction (8092 MiB at 8 GiB on an H100
+        at 1195ee8; they measured 8070, vs-fit-h100.md), and where the start held the weights outside pinned buffers
+        their pinned twins stayed one share below the one that fits them (tests/search/test_boundary.py)."""
+        values = {k: v for k, v in params.items() if k not in self.neutral}
+        if HOST_BUFFERS & self.neutral:
+            values["host_weights_unpinned"] = self.unpinned(params)
+        return values
+
+    def unpinned(self, params: dict[str, Any]) -> bool:
+        """TrialConfig.host_weights_unpinned of parameters (the campaign's fixed values beneath them)."""
+        key = tuple(params.get(k, self._fixed.get(k)) for k in sorted(HOST_BUFFERS))
+        if key not in self._unpinned:
+            values = {k: v for k, v in zip(sorted(HOST_BUFFERS), key) if v is not None}
+            self._unpinned[key] = TrialConfig.from_params({**values, "model": ""}).host_weights_unpinned()
+        return self._unpinned[key]
+
+    def alike(self, params: dict[str, Any], knobs: dict[str, Any]) -> bool:
+        """Whether `params` has the values of `knobs` that can move a peak (memory_values)."""
+        mine = self.memory_values(params)
+        return all(mine.get(k) == v for k, v in self.memory_values(knobs).items())
 
     def carried(self, candidate: Candidate, knobs: dict[str, Any], seen: list[Seen]) -> Carried | None:
         """The candidate's peak carried over from the same GPU share measured with other knob values, with its
@@ -204,14 +232,15 @@ class Shares:
         # the same share measured in another group (the same group's measured peaks already bound the prediction)
         others = [s for s in seen if s.peak_mib is not None and s.config is not None
                   and all(s.params.get(n) == v for n, v in candidate.params.items())
-                  and any(s.params.get(k) != v for k, v in knobs.items() if k not in self.neutral)]
+                  and not self.alike(s.params, knobs)]
         if not others:
             return None
         full = {**knobs, **candidate.params}
         same = self.configs.same(full)
         best = None
         for s in others:
-            if self.configs.same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same:
+            if self.configs.same({**s.params, **{k: v for k, v in full.items() if k in self.neutral}}) == same \
+                    and self.unpinned(s.params) == self.unpinned(full):
                 return Carried(s.peak_mib, 0.0, s.number)  # llama.cpp runs them alike: the peak is the measured one
             diff = self._knob_difference(candidate.config, s.config, knobs, s, seen, self.share_key(s.params))
             if diff is None:
@@ -269,9 +298,6 @@ class Shares:
         K cache 15 MiB below f16 without it where the pairs measured 64, and the share measured 55 MiB over the
         budget with f16 was never tried with q8_0, which fitted with 9 MiB to spare
         (benchmarks/results/search-efficiency.md)."""
-        def knob_values(s: Seen, values: dict[str, Any]) -> bool:
-            return all(s.params.get(k) == v for k, v in values.items() if k not in self.neutral)
-
         theirs = {k: other.params.get(k) for k in knobs}
         shares: dict[str, tuple[list[Seen], list[Seen]]] = {}
         for s in seen:
@@ -279,9 +305,9 @@ class Shares:
             if s.peak_mib is None or s.config is None or str(s.config.model) != str(config.model) or key == skip:
                 continue
             mine, others = shares.setdefault(key, ([], []))
-            if knob_values(s, knobs):
+            if self.alike(s.params, knobs):
                 mine.append(s)
-            elif knob_values(s, theirs):
+            elif self.alike(s.params, theirs):
                 others.append(s)
         estimates, changes = [], []
         for mine, others in shares.values():

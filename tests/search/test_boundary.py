@@ -12,6 +12,7 @@ from rich.console import Console
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.base import TrialConfig
 from autoinfer.engines.replay import ReplayEngine, parameter_columns, read_table, shape_path
+from autoinfer.model.memory import MemoryModel
 from autoinfer.model.placement import command_key
 from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
@@ -19,6 +20,8 @@ from autoinfer.sweep.repeats import EXHAUSTED
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
+
+from .planted import shape_35b
 
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
 
@@ -449,3 +452,42 @@ def test_the_start_runs_the_threads_the_engine_prefers_where_the_space_has_them(
     study = _table_sweep(tmp_path, rows, trials=1, constraints={"vram_mib": 8192})
     (trial,) = _measured(study)
     assert trial.params["threads"] == first, trial.search_reason
+
+
+def _host_buffers_rows(folder: Path) -> tuple[list[dict], float]:
+    """The last 20-32 layers' experts in RAM × load mode × huge pages on the 35B shape (its shape beside the table
+    _table_sweep writes), peaks as the memory model predicts them, the weights outside pinned buffers 8% faster; and
+    a budget 20 MiB above the pinned peak of 26 layers, so that their unpinned twin (56 MiB above at ubatch 512) is
+    over."""
+    shape = shape_35b()
+    model = MemoryModel(shape, "device")
+    rows = []
+    for layers in range(20, 33):
+        for load_mode in ("mmap", "none"):
+            for huge in (0, 1):
+                config = TrialConfig(model=Path("m"), load_mode=load_mode,
+                                     extra=(("placement", "last"), ("cpu_expert_layers", layers), ("huge_pages", huge)))
+                tg = 1 / (1 / 240 + layers * 0.0003) * (1.08 if config.host_weights_unpinned() else 1.0)
+                rows.append({"placement": "last", "cpu_expert_layers": layers, "load_mode": load_mode,
+                             "huge_pages": huge, "tg": tg, "pp": 500.0, "vram_mib": round(model.predict(config).mib, 1),
+                             "tg_samples": f"{tg:.3f} {tg:.3f} {tg:.3f}", "pp_samples": "500 500 500"})
+    shape_path(folder / "knobs.csv").write_text(shape.to_json())
+    pinned = {r["cpu_expert_layers"]: r["vram_mib"] for r in rows if r["load_mode"] == "mmap"}
+    return rows, pinned[26] + 20.0
+
+
+def test_pinned_twins_get_the_share_that_fits_them_pinned(tmp_path):
+    """The start holds the weights outside pinned buffers, at 27 layers (26 are over the budget that way). Load mode
+    and huge pages counted as memory-neutral, so the boundary of their pinned twins was the unpinned one: 27 layers,
+    "measured to fit" at the unpinned peak, while 26 fit pinned; it came only from the exploration (trial 7). On an H100
+    at 1195ee8 the same key printed a huge-page trial's peak as its pinned twins' prediction. Pinned knob values get
+    their own boundary: 26 layers, and every share called measured to fit fits."""
+    rows, budget = _host_buffers_rows(tmp_path)
+    study = _table_sweep(tmp_path, rows, trials=6, constraints={"vram_mib": budget})
+    measured = [t for t in Store(study).records() if not t.unmeasured]
+    said = [(t.number, t.params, t.vram_peak_mib, t.search_reason) for t in measured]
+    unpinned = [TrialConfig.from_params(t.config).host_weights_unpinned() for t in measured]
+    assert unpinned[0] and measured[0].params["cpu_expert_layers"] == 27, said
+    pinned = [t for t, u in zip(measured, unpinned) if not u]
+    assert pinned and pinned[0].params["cpu_expert_layers"] == 26 and pinned[0].vram_peak_mib <= budget, said
+    assert all(t.vram_peak_mib <= budget for t in measured if "measured to fit" in str(t.search_reason)), said
