@@ -19,24 +19,39 @@ import sys
 from pathlib import Path
 
 from scipy.stats import binomtest
+from search_efficiency import TARGET_RATIO, TARGET_TRIALS
 
-TARGET = 12  # trials to 98% of the best feasible row: the search's target (search_efficiency.py)
-QUARTER = 0.25  # of random search's median trials
+FRESH = "-fresh-noise.json"  # the boundary search's result file; "-random100.json" beside it
+RUNS = {FRESH: "--strategy boundary --seeds 5 --fresh-noise", "-random100.json": "--strategy random --random-trials 100 "
+        "--trials 100 --seeds 5 --fresh-noise"}  # how search_efficiency.py writes each
+
+
+def read(path: Path, kind: str) -> list[dict]:
+    """A result file's rows, or a ValueError that says how to write it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path} ({e.__class__.__name__}): run search_efficiency.py {RUNS[kind]} on "
+                         f"its seeds with --out {path}") from None
 
 
 def set_counts(ours: list[dict], random: list[dict]) -> dict:
     """One set's counts from its boundary and random result rows (matched by table and budget)."""
+    if not ours:
+        raise ValueError("no table-budget in it: search_efficiency.py judged no table")
     by_case = {(r["table"], r["budget_mib"]): r["random"] for r in random}
     missing = [(o["table"], o["budget_mib"]) for o in ours if (o["table"], o["budget_mib"]) not in by_case]
     if missing:
-        raise ValueError(f"random search has no run for {missing[0][0]} at {missing[0][1]:.0f} MiB")
+        raise ValueError(f"random search has no run for {missing[0][0]} at {missing[0][1]:.0f} MiB: run "
+                         f"search_efficiency.py {RUNS['-random100.json']} on the same seeds")
     runs = [(o["boundary"], by_case[(o["table"], o["budget_mib"])]) for o in ours]
     return {
         "cases": len(runs),
-        "above_noise_free": sum(b["median_noise_free"] > TARGET for b, _ in runs),
-        "above_rows": sum(b["median"] > TARGET for b, _ in runs),
-        "quarter_rows": sum(b["median"] / r["median"] <= QUARTER for b, r in runs),
-        "quarter_noise_free": sum(b["median_noise_free"] / r["median_noise_free"] <= QUARTER for b, r in runs),
+        "above_noise_free": sum(b["median_noise_free"] > TARGET_TRIALS for b, _ in runs),
+        "above_rows": sum(b["median"] > TARGET_TRIALS for b, _ in runs),
+        "quarter_rows": sum(b["median"] / r["median"] <= TARGET_RATIO for b, r in runs),
+        "quarter_noise_free": sum(b["median_noise_free"] / r["median_noise_free"] <= TARGET_RATIO
+                                  for b, r in runs),
         "answers": [b["answer_median"] for b, _ in runs],
     }
 
@@ -62,18 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     pooled: dict = {}
     lines = []
     for path in args.results:
-        suffix = "-fresh-noise.json"
-        if not path.name.endswith(suffix):
-            print(f"error: {path} is not a search-efficiency-<seeds>{suffix} file", file=sys.stderr)
+        if not path.name.endswith(FRESH):
+            print(f"error: {path} is not a search-efficiency-<seeds>{FRESH} file", file=sys.stderr)
             return 2
-        random = path.with_name(path.name[: -len(suffix)] + "-random100.json")
+        random = path.with_name(path.name[: -len(FRESH)] + "-random100.json")
         try:
-            counts = set_counts(json.loads(path.read_text()), json.loads(random.read_text()))
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: {path.name}: {e} (run search_efficiency.py --strategy random --random-trials 100 on its "
-                  "seeds into the -random100.json beside it)", file=sys.stderr)
+            counts = set_counts(read(path, FRESH), read(random, "-random100.json"))
+        except ValueError as e:
+            print(f"error: {path.name}: {e}", file=sys.stderr)
             return 2
-        name = path.name[len("search-efficiency-"): -len(suffix)]
+        except KeyError as e:
+            print(f"error: {path.name}: a result row lacks {e}; it is not search_efficiency.py's output",
+                  file=sys.stderr)
+            return 2
+        name = path.name[len("search-efficiency-"): -len(FRESH)]
         lines.append(row(name, counts))
         for key, value in counts.items():
             pooled[key] = pooled.get(key, 0 if key != "answers" else []) + value

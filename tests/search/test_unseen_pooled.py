@@ -59,3 +59,19 @@ def test_a_file_that_is_not_a_fresh_noise_result_is_refused(pooled_main, capsys)
     path = BENCHMARKS / "results" / f"search-efficiency-{SETS[0]}-random100.json"
     assert pooled_main([str(path)]) == 2
     assert "fresh-noise.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fresh, random, says", [
+    (None, "[]", "--strategy boundary"),  # the boundary search's file itself is missing
+    ("[]", "[]", "no table-budget"),
+    ('[{"table": "x"}]', "[]", "lacks 'budget_mib'"),
+    ("{not json", "[]", "JSONDecodeError"),
+])
+def test_unreadable_result_files_are_one_line_errors(pooled_main, tmp_path, capsys, fresh, random, says):
+    path = tmp_path / "search-efficiency-1-2-fresh-noise.json"
+    if fresh is not None:
+        path.write_text(fresh)
+    (tmp_path / "search-efficiency-1-2-random100.json").write_text(random)
+    assert pooled_main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
