@@ -21,9 +21,10 @@ from pathlib import Path
 from scipy.stats import binomtest
 from search_efficiency import TARGET_RATIO, TARGET_TRIALS
 
-FRESH = "-fresh-noise.json"  # the boundary search's result file; "-random100.json" beside it
-RUNS = {FRESH: "--strategy boundary --seeds 5 --fresh-noise", "-random100.json": "--strategy random --random-trials 100 "
-        "--trials 100 --seeds 5 --fresh-noise"}  # how search_efficiency.py writes each
+FRESH = "-fresh-noise.json"  # the boundary search's result file
+RANDOM = "-random100.json"  # random search's, beside it
+RUNS = {FRESH: "--strategy boundary --seeds 5 --fresh-noise",
+        RANDOM: "--strategy random --random-trials 100 --trials 100 --seeds 5 --fresh-noise"}  # how each is written
 
 
 def read(path: Path, kind: str) -> list[dict]:
@@ -43,7 +44,7 @@ def set_counts(ours: list[dict], random: list[dict]) -> dict:
     missing = [(o["table"], o["budget_mib"]) for o in ours if (o["table"], o["budget_mib"]) not in by_case]
     if missing:
         raise ValueError(f"random search has no run for {missing[0][0]} at {missing[0][1]:.0f} MiB: run "
-                         f"search_efficiency.py {RUNS['-random100.json']} on the same seeds")
+                         f"search_efficiency.py {RUNS[RANDOM]} on the same seeds")
     runs = [(o["boundary"], by_case[(o["table"], o["budget_mib"])]) for o in ours]
     return {
         "cases": len(runs),
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if not path.name.endswith(FRESH):
             print(f"error: {path} is not a search-efficiency-<seeds>{FRESH} file", file=sys.stderr)
             return 2
-        random = path.with_name(path.name[: -len(FRESH)] + "-random100.json")
+        random = path.with_name(path.name[: -len(FRESH)] + RANDOM)
         try:
-            counts = set_counts(read(path, FRESH), read(random, "-random100.json"))
+            counts = set_counts(read(path, FRESH), read(random, RANDOM))
         except ValueError as e:
             print(f"error: {path.name}: {e}", file=sys.stderr)
             return 2
