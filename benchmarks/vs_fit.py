@@ -5,11 +5,14 @@ visible: one sweep sees them all, as a user's would).
         --rounds 5 --out benchmarks/results/vs-fit-h100.md
 
 Per budget:
-1. fit: llama-fit-params is asked to leave (free - budget) MiB free on each GPU; its placement (and tensor split) is
-   run once and the fullest GPU's measured peak read; while that is over the budget the margin grows by the excess
-   (a user of `--fit` would have to do the same to stay inside the budget). Each try is printed.
-2. ours: `autoinfer sweep` of the shipped 8 GiB campaign with the budget and trial count set, in a fresh results
-   folder; its recommendation is read with `autoinfer export --format json`.
+1. fit: llama-fit-params is asked to leave (free - budget) MiB free on each GPU, for the serving context (`--context`,
+   the shipped campaign's serve.context by default); its placement (and tensor split) is run once and the fullest
+   GPU's measured peak read, plus what the serving context adds (model.memory: llama-bench creates only the prompt's
+   and the generation's); while that is over the budget the margin grows by the excess (a user of `--fit` would have
+   to do the same to stay inside the budget). Each try is printed.
+2. ours: `autoinfer sweep` of the shipped 8 GiB campaign with the budget, serving context and trial count set, in a
+   fresh results folder; its recommendation is read with `autoinfer export --format json`. Both answers' llama-server
+   commands at the serving context are then started once each and their peaks measured (sweep/deploy.py's check).
 3. Both configurations run interleaved, `--rounds` rounds, each run a fresh llama-bench process, alternating which
    goes first; one score per run (the median of its repetitions). Printed: tg and pp medians, the ratio ours/fit with
    its 95% bootstrap CI and the Mann-Whitney p-value, the same ratio by round (the geometric mean of each round's
@@ -53,13 +56,16 @@ import yaml
 from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.knobs import llama_defaults
+from autoinfer.engines.llama_common import env_words, server_args
 from autoinfer.measure.gpu import measured_gpus, visible_gpus
 from autoinfer.measure.stats import Comparison, compare, compare_paired
+from autoinfer.model.memory import MemoryModel, measured_context
 from autoinfer.model.performance import TG_TERMS, features_of, predict
 from autoinfer.model.performance import fit as fit_coefficients
 from autoinfer.model.shape import shape_from_gguf
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB
 from autoinfer.store.trials import Store, load_study
+from autoinfer.sweep.deploy import run_check
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
@@ -70,7 +76,28 @@ TARGET = 1.15  # the generation speed-up over fit the comparison is held to
 MIB, GB = 2 ** 20, 1e9
 
 
-def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig, list[dict]]:
+def context_growth(model: Path, config: TrialConfig) -> float:
+    """MiB the configuration's serving context (ctx_size) adds to its llama-bench peak, as the sweep counts it."""
+    return MemoryModel(shape_from_gguf(model)).context_growth(config, measured_context(config))
+
+
+def served(context: int | None) -> dict:
+    """The trial parameters that name a serving context (none: the measurement's own)."""
+    return {"ctx_size": context} if context else {}
+
+
+def server_peak(config: TrialConfig) -> float | None:
+    """The fullest GPU's peak of the configuration's llama-server command, started once and asked for a completion."""
+    bench = base.create("llama-bench")
+    check = run_check([*env_words(config), str(bench.tools.tool("llama-server")), *server_args(config, bench.tools)],
+                      600, gpus=tuple(measured_gpus()))
+    if not check.passed:
+        raise SystemExit(f"llama-server of {describe(config)} failed: {check.reason}")
+    return check.vram_peak_mib
+
+
+def fit_config(model: Path, budget: float, tries: int, log, context: int | None = None
+               ) -> tuple[TrialConfig, list[dict]]:
     """llama-fit-params' placement (and, on several GPUs, its tensor split) for `budget` MiB per GPU, asked again for
     less by the overshoot plus FIT_SLACK_MIB while the measured peak of the fullest GPU is over the budget (as the
     sweep's own baseline does, search/fit_baseline.py)."""
@@ -79,29 +106,34 @@ def fit_config(model: Path, budget: float, tries: int, log) -> tuple[TrialConfig
     history: list[dict] = []
     asked = budget
     for _ in range(tries):
-        answer = engine.baseline(model, asked, MEASURE["n_prompt"] + MEASURE["n_gen"], defaults["batch"],
-                                 defaults["ubatch"])
+        answer = engine.baseline(model, asked, max(MEASURE["n_prompt"] + MEASURE["n_gen"], context or 0),
+                                 defaults["batch"], defaults["ubatch"])
         if isinstance(answer, str):
             raise SystemExit(answer)
         split = {"tensor_split": answer.tensor_split} if answer.tensor_split else {}
         config = TrialConfig.from_params({"model": model, "n_gpu_layers": answer.n_gpu_layers,
-                                          "override_tensors": answer.override_tensors, **split, **MEASURE})
+                                          "override_tensors": answer.override_tensors, **split, **MEASURE,
+                                          **served(context)})
         m = engine.run(config, RunContext(timeout_s=600, artifacts=Path(tempfile.mkdtemp()), gpus=measured_gpus()))
+        growth = context_growth(model, config) if context else 0.0
+        peak = None if m.vram_peak_mib is None else m.vram_peak_mib + growth
         history.append({"asked_mib": asked, "argv": answer.how, "n_gpu_layers": answer.n_gpu_layers,
                         "overrides": len(answer.override_tensors), "tensor_split": answer.tensor_split,
-                        "peak_mib": m.vram_peak_mib, "peak_per_gpu_mib": list(m.vram_per_gpu_mib), "tg": m.tg,
-                        "outcome": m.outcome.value})
+                        "peak_mib": m.vram_peak_mib, "peak_per_gpu_mib": list(m.vram_per_gpu_mib),
+                        "context_mib": growth, "tg": m.tg, "outcome": m.outcome.value})
         log(f"  fit try: asked for {asked:.0f} MiB per GPU → -ngl {answer.n_gpu_layers}, "
             f"{len(answer.override_tensors)} override(s)" + (f", -ts {answer.tensor_split}" if split else "")
-            + f": peak {m.vram_peak_mib} MiB {list(m.vram_per_gpu_mib) or ''}, tg {m.tg} ({m.outcome.value})")
-        if m.vram_peak_mib is not None and m.vram_peak_mib <= budget:
+            + f": peak {m.vram_peak_mib} MiB {list(m.vram_per_gpu_mib) or ''}"
+            + (f" + {growth:.0f} for the {context}-token context" if context else "")
+            + f", tg {m.tg} ({m.outcome.value})")
+        if peak is not None and peak <= budget:
             return config, history
-        asked -= (m.vram_peak_mib or budget) - budget + FIT_SLACK_MIB
+        asked -= (peak or budget) - budget + FIT_SLACK_MIB
     raise SystemExit(f"llama-fit-params stayed over {budget:.0f} MiB after {tries} tries")
 
 
 def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Path,
-               log) -> tuple[TrialConfig, dict, str]:
+               log, context: int | None = None) -> tuple[TrialConfig, dict, str]:
     """The recommendation of a fresh `autoinfer sweep` at this budget, within `trials` and `wall_s`, and the sweep's
     whole output (the log keeps its last lines; the JSON record keeps all of it, alternatives included). The drift
     anchor is off and the confirmation keeps the campaign's finalists (and the sweep's own llama-fit-params
@@ -115,6 +147,9 @@ def our_config(model: Path, budget: float, trials: int, wall_s: float, work: Pat
     spec["constraints"]["vram_mib"] = budget
     spec["budget"] = {"trials": trials, "wall_s": wall_s}
     spec["drift"] = {"every": None}
+    spec.pop("serve", None)
+    if context:
+        spec["serve"] = {"context": context}
     spec["confirm"] = {**spec.get("confirm", {}), "max_rounds": spec.get("confirm", {}).get("rounds", 3)}
     path = work / f"vs-fit-{budget:.0f}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -384,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-wall-s", type=float, default=300, help="wall-time budget of each sweep's search")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fit-tries", type=int, default=4)
+    ap.add_argument("--context", type=int, default=(yaml.safe_load(CAMPAIGN.read_text()).get("serve") or {}).get(
+        "context"), help="tokens of context the servers must hold (default: the shipped campaign's serve.context; "
+        "0: the measurement's own)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
     if not visible_gpus():
@@ -403,11 +441,18 @@ def main(argv: list[str] | None = None) -> int:
     for budget in args.budgets:
         started = time.monotonic()
         log(f"== budget {budget:.0f} MiB")
-        fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log)
+        fit, history = fit_config(args.model.resolve(), budget, args.fit_tries, log, args.context)
         log(f"  fit found in {time.monotonic() - started:.0f} s")
-        ours, answer, sweep_output = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log)
+        ours, answer, sweep_output = our_config(args.model.resolve(), budget, args.trials, args.sweep_wall_s, work, log,
+                                                args.context)
         log(f"  sweep done at {time.monotonic() - started:.0f} s\n  fit:  {describe(fit)}\n  ours: {describe(ours)}")
-        swept = {"budget_mib": budget, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
+        sides = {"ours": ours, "fit": fit}
+        growth = {side: context_growth(args.model.resolve(), c) if args.context else 0.0 for side, c in sides.items()}
+        servers = {side: server_peak(c) for side, c in sides.items()}
+        log("  llama-server at the serving context: " + "; ".join(
+            f"{side} peaked {servers[side]} MiB (llama-bench's peak + {growth[side]:.0f} counted)" for side in sides))
+        swept = {"budget_mib": budget, "serve_context": args.context, "context_mib": growth,
+                 "server_peak_mib": servers, "fit_tries": history, "fit": fit.to_params() | {"model": str(fit.model)},
                  "ours": ours.to_params() | {"model": str(ours.model)}, "sweep_trial": answer.get("trial"),
                  "sweep_output": sweep_output.splitlines(),
                  "sweep_trials": [trial_summary(t) for t in sweep_records(work, f"vs-fit-{budget:.0f}")]}
@@ -422,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = interleave(ours, fit, args.rounds, after_round=keep)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         ratios = compare_runs(runs)
-        peak = peaks(runs)
+        peak = {side: p + growth[side] for side, p in peaks(runs).items()}
         modelled = {"ours": as_ran(ours), "fit": as_ran(fit)}
         bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads), gpu_gbps)
                  for side, config in modelled.items()}
@@ -454,8 +499,10 @@ def write(args: argparse.Namespace, rows: list[str], accounts: list[str], accoun
              "| budget MiB | fit host GB/token | ours host GB/token | fit tg ceiling (reached) | ours tg ceiling (reached) |",
              "|---|---|---|---|---|", *accounts, *(["", "## Measured account", "", *account] if account else [])]
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    context = (f"Serving context {args.context} tokens: each peak is llama-bench's plus the KV cache that context adds "
+               "(model.memory), and the log has each llama-server's own peak at it.\n\n" if args.context else "")
     args.out.write_text(f"# autoinfer vs llama-fit-params, {args.rounds} interleaved rounds, {args.model.name}\n\n"
-                        + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
+                        + context + "\n".join(table) + "\n\n## Log\n\n```\n" + "\n".join(lines) + "\n```\n")
     args.out.with_suffix(".json").write_text(json.dumps(records, indent=1, default=str) + "\n")
     if show:
         print("\n".join(table), flush=True)

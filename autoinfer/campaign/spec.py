@@ -97,6 +97,16 @@ class Measure(StrictModel):
         return self
 
 
+class Serve(StrictModel):
+    """What the recommended llama-server must hold beyond what was measured."""
+
+    # tokens of context (per slot) the printed server is started with (-c). llama-bench creates only the prompt's and
+    # the generation's, so a memory budget counts the KV cache (and attention scores) of the rest from the model file
+    # on top of each measured peak (model.memory.served_context); the deployment check measures the server at it.
+    # None: the measurement's context, too short for a chat
+    context: int | None = Field(None, ge=1)
+
+
 class Sampler(StrictModel):
     name: Literal["tpe", "random"] = "tpe"
     seed: int | None = 0
@@ -202,6 +212,7 @@ class Campaign(StrictModel):
     constraints: Constraints = Constraints()
     quality: Quality = Quality()
     measure: Measure = Measure()
+    serve: Serve = Serve()
     sampler: Sampler = Sampler()
     search: Search = Search()
     confirm: Confirm = Confirm()
@@ -231,6 +242,12 @@ class Campaign(StrictModel):
             if not speed or any(w < 0 for w in value.values()) or sum(speed) <= 0:
                 raise ValueError("weights must be non-negative and tg/pp not all zero, e.g. {tg: 0.7, pp: 0.3}")
         return value
+
+    @model_validator(mode="after")
+    def _one_context(self) -> "Campaign":
+        if self.serve.context is not None and "ctx_size" in self.space:
+            raise ValueError("the context is given twice (serve.context and space.ctx_size); keep serve.context")
+        return self
 
     def objective_weights(self) -> dict[str, float]:
         """{'tg': 1.0} for a plain objective; normalised weights for a mix; tg and pp balanced for pareto."""
@@ -263,6 +280,8 @@ class Campaign(StrictModel):
             "n_gen": self.measure.n_gen,
             "repetitions": self.measure.repetitions,
         }
+        if self.serve.context is not None:  # llama-server's and llama-cpp-python's context knob; others only export it
+            out["ctx_size"] = self.serve.context
         for name, spec in self.space.items():
             if isinstance(spec, (IntRange, FloatRange)) and spec.low == spec.high:
                 out[name] = spec.low
@@ -323,7 +342,7 @@ def check_space(campaign: Campaign, knobs: Mapping[str, Knob]) -> None:
 def pydantic_message(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "union[", "list[")))
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")  # a validator's own words
     if err["type"] == "extra_forbidden":
         msg = "unknown key; check the spelling against experiments/cpu-smoke.yaml"
     elif err["type"] == "missing":

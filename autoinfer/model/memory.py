@@ -43,6 +43,19 @@ Side = Literal["device", "host"]
 FEATURES = ("weights", "cache", "compute", "offload_copy", "overhead")
 
 
+def served_context(config: TrialConfig) -> int:
+    """The context a configuration's memory is counted at: every slot's `ctx_size` where it is set (llama-server's
+    -c; a campaign's serve.context), else what llama-bench creates: the prompt, the generation and any depth."""
+    measured = config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0)
+    ctx = config.get("ctx_size")
+    return max(measured, int(ctx) * int(config.get("parallel", 1) or 1)) if ctx else measured
+
+
+def measured_context(config: TrialConfig) -> TrialConfig:
+    """`config` as an engine without a context knob (llama-bench) measures it: without `ctx_size`."""
+    return config.with_(extra=tuple((k, v) for k, v in config.extra if k != "ctx_size"))
+
+
 @dataclass(frozen=True)
 class Prediction:
     """On several GPUs: the fullest GPU's prediction, with every GPU's mean in `per_device`."""
@@ -89,9 +102,8 @@ class MemoryModel:
         split = config.get("tensor_split")
         shares = split_shares(split) if split else (1.0,) * self.n_devices
         key = (config.n_gpu_layers, config.n_cpu_moe, tuple(realize(config, self.shape.n_layers).override_tensors),
-               config.ubatch, config.batch, config.type_k, config.type_v, config.flash_attn,
-               config.n_prompt + config.n_gen + int(config.get("n_depth", 0) or 0), shares,
-               config.host_weights_unpinned())
+               config.ubatch, config.batch, config.type_k, config.type_v, config.flash_attn, served_context(config),
+               shares, config.host_weights_unpinned())
         return self._features(key)
 
     def _compute_features(self, key: tuple[Any, ...]) -> np.ndarray:
@@ -101,7 +113,12 @@ class MemoryModel:
         n_ctx = 256 * math.ceil(max(n_ctx, 1) / 256)  # llama_context pads the context to 256
         kv_per_token = s.n_head_kv * (s.key_length * KV_BYTES.get(type_k, 2.0) + s.value_length * KV_BYTES.get(type_v, 2.0))
         ub = max(1, min(ubatch, batch))
-        scores = 0 if flash_attn == "on" else 4 * s.n_head * n_ctx
+        # flash attention keeps no scores matrix; "auto" turns it on wherever the attention layer's device runs it
+        # (llama_context::resolve_fused_ops), which the CPU and CUDA builds both do
+        scores = 4 * s.n_head * n_ctx if flash_attn == "off" else 0
+        # the attention mask, an input alive through the whole graph: over the context per token, f16 for flash
+        # attention, else f32 (build_attn_inp_kq_mask): 32 MiB at a 32768-token context and ubatch 512
+        scores += n_ctx * (2 if flash_attn != "off" else 4)
         per_token = 4 * (s.n_experts + 8 * s.hidden + 3 * s.n_experts_used * s.expert_ff)
         # llama.cpp's graph allocator reuses a tensor's buffer once it is consumed, so the compute buffer holds the
         # largest set alive at once: on the output's device the logits beside the last hidden state. Summed with the
@@ -141,6 +158,13 @@ class MemoryModel:
             compute = ub * ((output + beside_output if devices[s.n_layers] == k else per_token) + scores)
             rows.append([weights_k[k], cache, compute, offload_copy if k == 0 else 0.0, MIB])
         return np.array(rows) / MIB
+
+    def context_growth(self, config: TrialConfig, measured: TrialConfig) -> float:
+        """MiB that `config`'s context adds over `measured`'s (the same configuration at the context a measurement
+        created) on the fullest device: its KV cache and attention scores at their size in bytes, which is how
+        llama.cpp allocates them, not at a coefficient fitted to peaks whose contexts barely differ."""
+        d = self.features(config) - self.features(measured)
+        return max(float((d[:, 1] + d[:, 2]).max()), 0.0)
 
     # -- prediction and calibration -------------------------------------------------------------------------
     def predict(self, config: TrialConfig) -> Prediction:

@@ -13,7 +13,9 @@ from typing import Any
 from autoinfer.campaign.space import allowed
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, TrialConfig, capabilities
+from autoinfer.errors import UserError
 from autoinfer.measure.gpu import measured_gpus
+from autoinfer.model.memory import MemoryModel, measured_context
 from autoinfer.model.placement import PLACEMENT_KEYS, command_key
 from autoinfer.model.shape import ModelShape
 
@@ -43,6 +45,7 @@ class SearchContext:
     n_gpus: int = 1  # GPUs this worker measures
     notes: list[str] = field(default_factory=list)
     _commands: dict[str, str] = field(default_factory=dict, repr=False)
+    _physical: dict[str, MemoryModel] = field(default_factory=dict, repr=False)  # uncalibrated, by path
 
     def command(self, stored: Mapping[str, Any]) -> str:
         """A key equal for stored configurations (TrialRecord.config) llama.cpp runs alike: a placement pattern
@@ -58,6 +61,27 @@ class SearchContext:
         shape = self.shapes.get(str(config.model))
         return command_key(config, shape.n_layers if shape is not None else None)
 
+    @property
+    def counts_context(self) -> bool:
+        """The campaign serves a context its engine does not measure at (serve.context with llama-bench, a replay
+        table or the reference engine): each trial's peak is held to the budget with that context's growth on top."""
+        return (self.campaign.serve.context is not None and self.side is not None
+                and "ctx_size" not in self.engine.knobs)
+
+    def measured(self, config: TrialConfig) -> TrialConfig:
+        """`config` at the context its measurement created (its memory model's calibration reads that one)."""
+        return measured_context(config) if self.counts_context else config
+
+    def context_growth(self, config: TrialConfig) -> float | None:
+        """MiB the serving context adds to `config`'s measured peak on the budget's side; None where nothing is
+        added (no serving context beyond the measurement's, or the engine measures at it)."""
+        if not self.counts_context:
+            return None
+        path = str(config.model)
+        if path not in self._physical:
+            self._physical[path] = MemoryModel(self.shapes[path], self.side, self.n_gpus)  # type: ignore[arg-type]
+        return round(self._physical[path].context_growth(config, measured_context(config)), 1)
+
     @classmethod
     def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchContext":
         ctx = cls(campaign, engine, models)
@@ -66,6 +90,9 @@ class SearchContext:
             else (None, None)
         ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
         if not capabilities(campaign.engine).llama_settings:  # the memory and performance models are llama.cpp's
+            if campaign.serve.context is not None:
+                raise UserError(f"serve.context: engine {campaign.engine!r} is not exported as a llama.cpp command, so "
+                                "no context is served beyond what it measures; drop serve.context")
             if ctx.side is not None:
                 ctx.notes.append(f"engine {campaign.engine!r} places its memory itself, not by llama.cpp's rules: no "
                                  "memory model predicts its peaks, so every trial is measured against the budget")
@@ -81,4 +108,9 @@ class SearchContext:
                                      ".shape.json): no memory model, placements not translated")
                 else:
                     ctx.shapes[path] = shape
+        missing = [Path(p).name for p in dict.fromkeys(models.values()) if p not in ctx.shapes]
+        if ctx.counts_context and missing:
+            raise UserError(f"serve.context {campaign.serve.context}: the {ctx.side} budget must count that context's "
+                            f"KV cache, which needs the model's shape, and {missing[0]} has none; give the replay "
+                            "table its .shape.json or drop serve.context")
         return ctx

@@ -58,7 +58,7 @@ def next_budget(ctx: SearchContext, earlier: Sequence[TrialRecord]) -> tuple[flo
     for t in earlier:
         if not t.state.is_finished():
             return None, WAITING
-        peak = t.vram_peak_mib if t.outcome != "predicted_infeasible" else None
+        peak = t.budget_peak("device") if t.outcome != "predicted_infeasible" else None
         if t.is_feasible_ok:
             return None, f"trial {t.number} measured its answer within the budget" + (
                 f" ({peak:.0f} MiB)" if peak is not None else "")
@@ -100,8 +100,8 @@ def fit_params_trial(ctx: SearchContext, path: str, searched: dict[str, Any], ot
         return f"no model shape for {Path(path).name}: llama-fit-params' answer cannot be placed, no baseline"
     m = ctx.campaign.measure
     fixed = ctx.campaign.fixed()
-    answer = ctx.engine.baseline(Path(path), budget_mib, m.n_prompt + m.n_gen, fixed.get("batch", 2048),
-                                 fixed.get("ubatch", 512))
+    answer = ctx.engine.baseline(Path(path), budget_mib, max(m.n_prompt + m.n_gen, ctx.campaign.serve.context or 0),
+                                 fixed.get("batch", 2048), fixed.get("ubatch", 512))
     if isinstance(answer, str):
         return answer
     ngl, patterns, split = answer.n_gpu_layers, answer.override_tensors, answer.tensor_split

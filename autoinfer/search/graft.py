@@ -86,9 +86,10 @@ def _carried(config: TrialConfig, same: Sequence[TrialRecord], memory: MemoryScr
     like knobs predicted over too, instead of each knob value costing a trial over it."""
     best: tuple[float, float] | None = None
     for t in same:
-        if t.vram_peak_mib is None or t.config is None or t.stand_in:
+        peak = t.budget_peak("device")
+        if peak is None or t.config is None or t.stand_in:
             continue
         diff = memory.difference(config, t.trial_config)
         if diff is not None and (best is None or diff[1] < best[1]):
-            best = (t.vram_peak_mib + diff[0], diff[1])
+            best = (peak + diff[0], diff[1])
     return None if best is None else best[0]

@@ -71,7 +71,7 @@ class MemoryScreen:
         for t in study_store.records(states=(TrialState.COMPLETE, TrialState.PRUNED)):
             peak = t.rss_peak_mib if side == "host" else t.vram_per_gpu_mib if n_gpus > 1 else t.vram_peak_mib
             if peak and t.outcome in ("ok", "infeasible", "pruned") and t.config is not None and not t.stand_in:
-                config = t.trial_config
+                config = self.ctx.measured(t.trial_config)  # the peak is of the context the run created
                 by_model.setdefault(str(config.model), []).append((config, peak))
         summary = {}
         for path, model in self.models.items():

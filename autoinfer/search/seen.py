@@ -78,8 +78,8 @@ def seen_trials(records: list[TrialRecord], budget_mib: float | None, side: str,
 
 
 def peak_of(t: TrialRecord, side: str) -> float | None:
-    """A trial's measured peak on the budget's side (the largest per-GPU one on a device)."""
-    return t.rss_peak_mib if side == "host" else t.vram_peak_mib
+    """A trial's peak as the budget on `side` holds it (TrialRecord.budget_peak)."""
+    return t.budget_peak(side)
 
 
 def log_var(samples: dict[str, list[float]], weights: dict[str, float]) -> float | None:

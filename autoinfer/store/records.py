@@ -148,6 +148,9 @@ class TrialRecord:
     vram_peak_mib: float | None = _attr(column="value")  # the largest per-GPU peak
     vram_per_gpu_mib: tuple[float, ...] = _attr(factory=tuple, decode=_tuple, encode=_list)
     rss_peak_mib: float | None = _attr(column="value")
+    # what the campaign's serving context adds to the peak on the budget's side (Campaign.serve, written before the
+    # run); None where the measurement created that context itself
+    context_mib: float | None = _attr(column="value")
     wall_s: float | None = _attr(column="value")
     engine_s: float | None = _attr(column="value")
     metrics: Mapping[str, Any] = _attr(factory=dict)  # engine-specific (signal, replay_row, ttft_ms, ...)
@@ -238,6 +241,12 @@ class TrialRecord:
     def is_feasible_ok(self) -> bool:
         return (self.state == TrialState.COMPLETE and self.outcome == Outcome.OK.value
                 and all(v <= 0 for v in self.constraints.values()))
+
+    def budget_peak(self, side: str) -> float | None:
+        """The peak a memory budget on `side` ("device" or "host") holds it to: the measured one (the largest per-GPU
+        one on a device), plus what the serving context adds (`context_mib`, counted on the budget's side)."""
+        peak = self.rss_peak_mib if side == "host" else self.vram_peak_mib
+        return None if peak is None else peak + (self.context_mib or 0.0)
 
     @property
     def value(self) -> float | None:

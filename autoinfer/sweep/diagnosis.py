@@ -29,9 +29,10 @@ _FIXES = {
     "SIGKILL": "killed from outside, mostly by the kernel's OOM killer: allow less memory use (smaller model, "
                "batch or context) or raise the machine's memory",
     "oom": "the configurations do not fit in memory: lower n_gpu_layers, batch or context, or raise the budget",
-    "infeasible": "every configuration is over the campaign's budget: raise constraints.* or search smaller settings",
-    "predicted_infeasible": "the memory model predicts none fits: raise constraints.vram_mib/ram_mib or allow "
-                            "more layers on the CPU",
+    "infeasible": "every configuration is over the campaign's budget: raise constraints.*, search smaller settings or "
+                  "shorten serve.context",
+    "predicted_infeasible": "the memory model predicts none fits: raise constraints.vram_mib/ram_mib, allow "
+                            "more layers on the CPU or shorten serve.context",
     "load_failed": "llama.cpp cannot load the model: check it with `autoinfer model info FILE` and re-create it",
     "rejected": "the engine refuses these settings: remove the combination named in the reason from the space",
     "timeout": "trials ran past measure.timeout_s: raise it or measure fewer tokens",

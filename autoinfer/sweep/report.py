@@ -123,6 +123,9 @@ def _speed(rec: Recommendation) -> str:
 def _memory(t: TrialRecord) -> str:
     vram, rss = t.vram_peak_mib, t.rss_peak_mib
     parts = [f"{name} {value:.0f} MiB" for name, value in (("VRAM", vram), ("RSS", rss)) if value]
+    if t.context_mib and parts:  # on the budget's side, the first measured one on a GPU
+        parts[0] += (f" + {t.context_mib:.0f} MiB for the serving context (-c {(t.config or {}).get('ctx_size')}, "
+                     f"counted from the model file) = {(vram or rss or 0.0) + t.context_mib:.0f}")
     if "huge_pages_mib" in t.metrics:  # it asked for them: say whether it got them
         huge = t.metrics["huge_pages_mib"]
         parts.append("huge pages not read" if huge is None else f"{huge:.0f} MiB of it on huge pages")

@@ -45,7 +45,7 @@ from autoinfer.sweep.recommend import as_best, recommend
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 # Keys whose change makes a stored study a different campaign (budgets may change between runs).
-_IDENTITY_KEYS = ("engine", "model", "space", "objective", "measure", "constraints")
+_IDENTITY_KEYS = ("engine", "model", "space", "objective", "measure", "serve", "constraints")
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     weights = campaign.objective_weights()
     limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
               "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
+    growth = record_of(trial).context_mib  # the serving context's, on the budget's side (SearchContext.side)
+    served = "vram_mib" if campaign.constraints.vram_mib else "ram_mib"
     if m.outcome.is_memory or m.outcome is Outcome.REJECTED:
         if not any(v > 0 for v in trial.constraints.values()):  # a gate that found the cause (kld) already said so
             trial.set_constraint("memory" if m.outcome.is_memory else "rejected", 1.0)
@@ -137,11 +139,16 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
         _tell(study, trial, state=TrialState.FAIL)
         return
     for key, (limit, used) in limits.items():
-        if limit is not None:
-            trial.set_constraint(key, (used or 0.0) - limit)
-            if used is not None and used > limit:
-                write_trial(trial, outcome=Outcome.INFEASIBLE.value,
-                            reason=f"peak {key[:-4]} {used:.0f} MiB is over the budget of {limit:.0f} MiB")
+        if limit is None:
+            continue
+        peak = f"peak {key[:-4]} {used or 0.0:.0f} MiB"
+        if key == served and growth and used is not None:
+            used += growth
+            peak += (f" + {growth:.0f} MiB for the {campaign.serve.context}-token serving context (the KV cache "
+                     f"llama-bench did not create) = {used:.0f} MiB")
+        trial.set_constraint(key, (used or 0.0) - limit)
+        if used is not None and used > limit:
+            write_trial(trial, outcome=Outcome.INFEASIBLE.value, reason=f"{peak} is over the budget of {limit:.0f} MiB")
     _tell(study, trial, pareto.values(m) if pareto.enabled(campaign) else value)
 
 
@@ -247,6 +254,8 @@ def sweep(campaign: Campaign, *, study_name: str | None = None, storage: str | N
                 config = engine.as_run(to_config(campaign, params, models))
                 config = base.impose(realize_trial(ctx, config, record_of(trial)), decisions)
                 write_trial(trial, config=config.to_params())
+                if (growth := ctx.context_growth(config)) is not None:
+                    write_trial(trial, context_mib=growth)
                 if decisions:
                     write_trial(trial, imposed_settings={d.knob: d.value for d in decisions})
                 asked = record_of(trial)
