@@ -2,7 +2,8 @@
 process each, and a drift that moves both processes of a round (one run's fit rose from 138 to 162 tok/s over five
 rounds) widens the ratio of the two sides' medians but cancels in each round's ratio. Prints, per stored run and
 budget, vs_fit.py's table row (the two-sample ratio as first printed, and the ratio by round) from the runs the
-result file keeps; then the single-GPU runs pooled per budget and over all budgets: each run's ratio by round one
+result file keeps (at a serving context, each peak with the KV cache vs_fit.py counted for it); then the single-GPU
+runs pooled per budget and serving context, and over all of them: each run's ratio by round one
 observation, their geometric mean with a t interval across runs (hosts and search versions differ between runs, so
 this is what a run of the sweep against fit has given, not one configuration's speed); then each run's bandwidth
 account as vs_fit.py stored it: the share of its bandwidth ceiling (the tg no placement of its weight bytes could
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| result | budget MiB | fit tg | ours tg | tg ours/fit [95% CI] | tg by round [95% CI] | fit pp512 "
           "| ours pp512 | pp ours/fit [95% CI] | pp by round [95% CI] | fit peak MiB | ours peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    by_budget: dict[float, list[Comparison]] = defaultdict(list)
+    by_budget: dict[tuple[float, int], list[Comparison]] = defaultdict(list)
     ceilings: list[str] = []
     cut: list[str] = []
     for path in args.results:
@@ -47,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runs = record["runs"]
             ratios = compare_runs(runs)
-            print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peaks(runs)))
+            counted = record.get("context_mib") or {}
+            peak = {side: p + counted.get(side, 0.0) for side, p in peaks(runs).items()}
+            print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peak))
             if one_gpu(record):
-                by_budget[record["budget_mib"]].append(ratios["tg_by_round"])
+                by_budget[record["budget_mib"], record.get("serve_context") or 0].append(ratios["tg_by_round"])
             if record.get("bandwidth"):
                 ceilings.append(f"| {path.name} " + account_row(record["budget_mib"], record["bandwidth"], runs))
     print("\n## Single-GPU runs pooled\n\nEach run's tg ratio by round is one observation; `pooled`: their geometric "
@@ -57,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
           "interval excludes 1 on that side.\n")
     print("| budget MiB | runs | pooled tg ours/fit [95% CI] | lowest run | highest run | above 1 | below 1 |")
     print("|---|---|---|---|---|---|---|")
-    for budget in sorted(by_budget):
-        print(pooled_row(f"{budget:.0f}", by_budget[budget]))
+    for budget, context in sorted(by_budget):
+        label = f"{budget:.0f}" + (f", serving {context} tokens" if context else "")
+        print(pooled_row(label, by_budget[budget, context]))
     print(pooled_row("all", [c for cs in by_budget.values() for c in cs]))
     print("\n## Bandwidth ceilings\n\nThe host GB read per generated token by each side's placement, the tg its host "
           "and GPU bytes allow at the measured bandwidths (its ceiling), and the share of it the side's median "

@@ -74,6 +74,30 @@ def test_the_vs_fit_rounds_table_pools_the_single_gpu_runs(monkeypatch, capsys, 
     assert not any(line.startswith("| 6144 | ") for line in out.split("## Single-GPU runs pooled")[1].splitlines())
 
 
+def test_a_run_at_a_serving_context_is_pooled_apart_and_its_peaks_count_the_context(monkeypatch, capsys, tmp_path):
+    """vs_fit.py --context holds each side's llama-bench peak with the KV cache of the serving context on top: the
+    table's peaks say so, and its pooled row is its own budget-and-context row (and part of `all`)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from vs_fit_rounds import main
+
+    side = {"pp": [500.0, 510.0, 490.0], "peak": [7300.0, 7350.0, 7320.0]}
+    runs = {"ours": {"tg": [105.0, 106.0, 104.0], **side}, "fit": {"tg": [100.0, 101.0, 99.0], **side}}
+    plain = {"budget_mib": 8192.0, "fit": {}, "runs": runs}
+    served = {**plain, "serve_context": 32768, "context_mib": {"ours": 348.0, "fit": 656.0}}
+    path = tmp_path / "vs-fit-test.json"
+    path.write_text(json.dumps([plain, served]))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = [_cells(line) for line in out.split("## Single-GPU runs pooled")[0].splitlines()
+            if line.startswith(f"| {path.name} ")]
+    assert [(r[-2], r[-1]) for r in rows] == [("7350", "7350"), (f"{7350 + 656:.0f}", f"{7350 + 348:.0f}")]
+    pooled = out.split("## Single-GPU runs pooled")[1]
+    assert _cells(next(line for line in pooled.splitlines() if line.startswith("| 8192 | ")))[1] == "1"
+    assert _cells(next(line for line in pooled.splitlines()
+                       if line.startswith("| 8192, serving 32768 tokens | ")))[1] == "1"
+    assert _cells(next(line for line in pooled.splitlines() if line.startswith("| all | ")))[1] == "2"
+
+
 def test_the_huge_pages_summary_pairs_the_variants_by_round(monkeypatch, capsys, tmp_path):
     """A round where one variant failed leaves that round out of the pairs; the ratio by round is the geometric mean
     of the rounds where both ran."""

@@ -420,7 +420,7 @@ def test_a_share_measured_over_is_not_reached_with_knob_values_that_need_more(tm
 
 
 def test_after_two_wrong_predictions_the_step_down_spares_what_the_latest_missed_by(tmp_path, monkeypatch):
-    """Synthetic table 1290 at 12 GiB: the first two placements, predicted to fit, measured 1524 and 69 MiB more
+    """Synthetic table 1290 at 12 GiB: the first two placements, predicted to fit, measured 1526 and 69 MiB more
     than predicted (240 before the calibrated mean followed the measured peaks) and over the budget. The bisection
     then went to the middle of every placement from the smallest, 7471 MiB (as an H100 sweep went from 8.2 to 5.3
     GiB, vs-fit-h100.md at ef2e2ac), and took three trials to the boundary's 11353. With nothing measured to fit yet,

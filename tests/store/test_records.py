@@ -41,7 +41,7 @@ STORED_TRIAL = {
     "idle": {"busy": False, "waited_s": 0.5},
     "outcome": "ok", "reason": "measured twice", "engine_cmd": ["/b/llama-bench", "-m", "m.gguf"],
     "tg_samples": [10.0, 11.0, 12.0], "pp_samples": [100.0, 101.0, 99.0],
-    "vram_peak_mib": 7000.0, "vram_per_gpu_mib": [7000.0, 3000.0], "rss_peak_mib": 900.5,
+    "vram_peak_mib": 7000.0, "vram_per_gpu_mib": [7000.0, 3000.0], "rss_peak_mib": 900.5, "context_mib": 656.2,
     "wall_s": 3.5, "engine_s": 2.0, "metrics": {"replay_row": 3}, "stand_in": True,
     "env": {"started_at": 1.0, "gpu_name": "H100"},
     "noise": {"first_cv": 0.3, "max_cv": 0.15, "rerun": True, "first_tg_samples": [5.0, 12.0, 11.0],
@@ -112,6 +112,7 @@ def test_a_trial_stored_by_an_earlier_version_reads_into_every_field():
     assert r.origin == {"remeasure_of": 1, "retry_of": 2, "again_of": 0, "repeat_of": 3}
     assert r.value == 11.0 and r.params == {"threads": 4} and r.trial_config.threads == 4
     assert r.kld_samples == [0.01] and r.samples("pp") == [100.0, 101.0, 99.0]
+    assert (r.budget_peak("device"), r.budget_peak("host")) == (7000.0 + 656.2, 900.5 + 656.2)  # the serving context's
     assert r.to_attrs() == STORED_TRIAL  # and it stores them back unchanged
 
 
