@@ -24,6 +24,7 @@ SHARED = {
     "objective": lambda c: c.objective,
     "measure.n_prompt": lambda c: c.measure.n_prompt,
     "measure.n_gen": lambda c: c.measure.n_gen,
+    "serve.context": lambda c: c.serve.context,
     "constraints.vram_mib": lambda c: c.constraints.vram_mib,
     "constraints.ram_mib": lambda c: c.constraints.ram_mib,
 }

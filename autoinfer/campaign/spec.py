@@ -14,7 +14,7 @@ import optuna
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoinfer.campaign.yaml_loader import load_yaml
-from autoinfer.engines.knobs import Knob, with_placement
+from autoinfer.engines.knobs import Knob, context_knob, with_placement
 from autoinfer.errors import UserError
 from autoinfer.model.resolve import SYNTH_PREFIX
 from autoinfer.store.trials import Store
@@ -101,9 +101,9 @@ class Serve(StrictModel):
     """What the recommended llama-server must hold beyond what was measured."""
 
     # tokens of context (per slot) the printed server is started with (-c). llama-bench creates only the prompt's and
-    # the generation's, so a memory budget counts the KV cache (and attention scores) of the rest from the model file
-    # on top of each measured peak (model.memory.served_context); the deployment check measures the server at it.
-    # None: the measurement's context, too short for a chat
+    # the generation's, so a memory budget counts the KV cache and attention mask of the rest from the model file on
+    # top of each measured peak (search.context.SearchContext.context_growth); the deployment check measures the
+    # server at it. None: the measurement's context, too short for a chat
     context: int | None = Field(None, ge=1)
 
 
@@ -245,8 +245,8 @@ class Campaign(StrictModel):
 
     @model_validator(mode="after")
     def _one_context(self) -> "Campaign":
-        if self.serve.context is not None and "ctx_size" in self.space:
-            raise ValueError("the context is given twice (serve.context and space.ctx_size); keep serve.context")
+        if self.serve.context is not None and (knob := context_knob(self.engine)) in self.space:
+            raise ValueError(f"the context is given twice (serve.context and space.{knob}); keep serve.context")
         return self
 
     def objective_weights(self) -> dict[str, float]:
@@ -280,8 +280,8 @@ class Campaign(StrictModel):
             "n_gen": self.measure.n_gen,
             "repetitions": self.measure.repetitions,
         }
-        if self.serve.context is not None:  # llama-server's and llama-cpp-python's context knob; others only export it
-            out["ctx_size"] = self.serve.context
+        if self.serve.context is not None:  # the engine's context knob; an engine without it measures a shorter one
+            out[context_knob(self.engine)] = self.serve.context
         for name, spec in self.space.items():
             if isinstance(spec, (IntRange, FloatRange)) and spec.low == spec.high:
                 out[name] = spec.low

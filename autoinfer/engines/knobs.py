@@ -68,6 +68,16 @@ TRIAL_KNOBS: dict[str, Knob] = {
     "repetitions": count(),
 }
 
+#: The knob a campaign's serve.context sets, by engine: llama-server's and llama-cpp-python's context; the reference
+#: engine sizes its static state by max_context. An engine without that knob (llama-bench, a replay table) measures a
+#: shorter context, and the memory budget counts the rest (search.context.SearchContext.context_growth).
+CONTEXT_KNOB = {"reference": "max_context"}
+
+
+def context_knob(engine: str) -> str:
+    return CONTEXT_KNOB.get(engine, "ctx_size")
+
+
 #: Campaign parameters that become tensor overrides (model.placement.realize) for engines that take overrides.
 PLACEMENT_KNOBS: dict[str, Knob] = {
     "placement": choice(*PATTERNS),

@@ -13,6 +13,7 @@ from typing import Any
 from autoinfer.campaign.space import allowed
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines.base import Engine, TrialConfig, capabilities
+from autoinfer.engines.knobs import context_knob
 from autoinfer.errors import UserError
 from autoinfer.measure.gpu import measured_gpus
 from autoinfer.model.memory import MemoryModel, measured_context
@@ -63,10 +64,10 @@ class SearchContext:
 
     @property
     def counts_context(self) -> bool:
-        """The campaign serves a context its engine does not measure at (serve.context with llama-bench, a replay
-        table or the reference engine): each trial's peak is held to the budget with that context's growth on top."""
+        """The campaign serves a context its engine does not measure at (serve.context with llama-bench or a replay
+        table): each trial's peak is held to the budget with that context's growth on top."""
         return (self.campaign.serve.context is not None and self.side is not None
-                and "ctx_size" not in self.engine.knobs)
+                and context_knob(self.campaign.engine) not in self.engine.knobs)
 
     def measured(self, config: TrialConfig) -> TrialConfig:
         """`config` at the context its measurement created (its memory model's calibration reads that one)."""
@@ -90,9 +91,9 @@ class SearchContext:
             else (None, None)
         ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
         if not capabilities(campaign.engine).llama_settings:  # the memory and performance models are llama.cpp's
-            if campaign.serve.context is not None:
-                raise UserError(f"serve.context: engine {campaign.engine!r} is not exported as a llama.cpp command, so "
-                                "no context is served beyond what it measures; drop serve.context")
+            if ctx.counts_context:
+                raise UserError(f"serve.context: engine {campaign.engine!r} has no {context_knob(campaign.engine)} "
+                                "and no memory model to count the context; drop serve.context")
             if ctx.side is not None:
                 ctx.notes.append(f"engine {campaign.engine!r} places its memory itself, not by llama.cpp's rules: no "
                                  "memory model predicts its peaks, so every trial is measured against the budget")

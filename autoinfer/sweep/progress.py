@@ -27,12 +27,12 @@ def trial_line(t: TrialRecord) -> str:
         samples = t.samples(kind)
         if samples:
             parts.append(f"{kind} {sorted(samples)[len(samples) // 2]:8.2f} tok/s")
-    grows = f" (+{t.context_mib:.0f} at the serving context)" if t.context_mib else ""
     if t.vram_peak_mib:
-        parts.append(f"vram {t.vram_peak_mib:.0f} MiB{grows}")
-        grows = ""
+        parts.append(f"vram {t.vram_peak_mib:.0f} MiB")
     if t.rss_peak_mib:
-        parts.append(f"rss {t.rss_peak_mib:.0f} MiB{grows}")
+        parts.append(f"rss {t.rss_peak_mib:.0f} MiB")
+    if t.context_mib:  # counted on the budget's side
+        parts.append(f"+{t.context_mib:.0f} MiB at the serving context")
     if outcome != "ok" and t.reason:
         parts.append(f"— {t.reason[:120]}")
     return "  ".join(parts)

@@ -55,6 +55,11 @@ def print_status(console: Console, study: optuna.Study) -> None:
     budget = campaign.budget.trials if campaign else len(finished)
     table = Table(title=f"study {study.study_name}", show_header=False)
     table.add_row("campaign", f"{campaign.name} (engine {campaign.engine})" if campaign else "imported")
+    if campaign and campaign.serve.context:
+        counted = [t.context_mib for t in trials if t.context_mib]
+        table.add_row("serving context", f"{campaign.serve.context} tokens, the printed server's -c" + (
+            f"; {min(counted):.0f}-{max(counted):.0f} MiB of KV cache and attention mask beyond the measurement's "
+            "context counted on each peak against the budget" if counted else ""))
     table.add_row("trials", f"{len(finished)} done of {budget}, {max(budget - len(finished), 0)} remaining"
                   + (f"; {again} drift re-measurement(s) beside them, outside the budget" if again else ""))
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
@@ -123,9 +128,9 @@ def _speed(rec: Recommendation) -> str:
 def _memory(t: TrialRecord) -> str:
     vram, rss = t.vram_peak_mib, t.rss_peak_mib
     parts = [f"{name} {value:.0f} MiB" for name, value in (("VRAM", vram), ("RSS", rss)) if value]
-    if t.context_mib and parts:  # on the budget's side, the first measured one on a GPU
-        parts[0] += (f" + {t.context_mib:.0f} MiB for the serving context (-c {(t.config or {}).get('ctx_size')}, "
-                     f"counted from the model file) = {(vram or rss or 0.0) + t.context_mib:.0f}")
+    if t.context_mib:  # counted on top of the peak on the budget's side
+        parts.append(f"+ {t.context_mib:.0f} MiB for the serving context (-c {(t.config or {}).get('ctx_size')}, "
+                     "counted from the model file against the budget)")
     if "huge_pages_mib" in t.metrics:  # it asked for them: say whether it got them
         huge = t.metrics["huge_pages_mib"]
         parts.append("huge pages not read" if huge is None else f"{huge:.0f} MiB of it on huge pages")

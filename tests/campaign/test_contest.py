@@ -73,6 +73,19 @@ def test_contenders_that_measure_different_things_are_refused_with_the_key(tmp_p
         load_contest(path)
 
 
+def test_contenders_must_serve_the_same_context_and_each_engine_sets_its_own_context_knob(tmp_path):
+    path = files(tmp_path, tmp_path / "m.gguf")
+    llama = tmp_path / "llama.yaml"
+    llama.write_text(llama.read_text() + "serve: {context: 4096}\n")
+    with pytest.raises(UserError, match=r"differ in serve\.context \(4096 vs None\)"):
+        load_contest(path)
+    ours = tmp_path / "ours.yaml"
+    ours.write_text(ours.read_text() + "serve: {context: 4096}\n")
+    llama_campaign, ours_campaign = load_contest(path)[1]
+    assert llama_campaign.fixed()["ctx_size"] == 4096  # llama-bench: exported, its KV cache counted in a budget
+    assert ours_campaign.fixed()["max_context"] == 4096 and "ctx_size" not in ours_campaign.fixed()
+
+
 @pytest.mark.parametrize("contest,needle", [
     ("name: duel\ncontenders: [llama.yaml]\n", "contenders"),
     ("name: duel\ncontenders: [llama.yaml, llama.yaml]\n", "listed twice"),

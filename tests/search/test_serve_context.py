@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.engines.replay import parameter_columns, read_table
@@ -18,6 +19,7 @@ from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
 from autoinfer.sweep.recommend import as_best, recommend
 from autoinfer.sweep.replay_cli import OFFLINE, _space
+from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
 
 TABLES = Path(__file__).resolve().parents[2] / "benchmarks" / "tables"
@@ -82,6 +84,11 @@ def test_each_peak_is_held_to_the_budget_with_the_serving_contexts_kv_cache(tabl
     assert best is not None and best.trial.vram_peak_mib + best.trial.context_mib <= budget
     argv = shlex.split(render("server", best, study.study_name, campaign.engine))
     assert argv[argv.index("-c") + 1] == str(context)
+    console = Console(record=True, width=200)
+    print_status(console, study)
+    counted = [t.context_mib for t in trials]
+    row = next(line for line in console.export_text().splitlines() if "serving context" in line)
+    assert f"{context} tokens, the printed server's -c; {min(counted):.0f}-{max(counted):.0f} MiB" in row
 
 
 def test_without_a_serving_context_nothing_is_added_and_the_server_gets_the_measured_context(table):
