@@ -76,7 +76,7 @@ def python_snippet(best: Best, study: str, engine: str) -> str:
     except UserError as exc:
         raise UserError(f"trial {best.trial.number} of study {study!r}: {exc}") from None
     notes = {"type_k": f"ggml_type {config.type_k}", "type_v": f"ggml_type {config.type_v}",
-             "n_ctx": "the campaign's serve.context, counted in its memory budget" if config.get("ctx_size") else
+             "n_ctx": "the campaign's serve.context (counted in a memory budget it sets)" if config.get("ctx_size") else
              "the context the measurement used: set serve.context in the campaign to size the budget for a longer one"}
     lines = [f"# autoinfer: study {study!r}, trial {best.trial.number} ({engine}), objective {best.value:.4g}",
              "from llama_cpp import Llama", ""]
