@@ -27,10 +27,10 @@ TABLE = TABLES / "h100-35b-knobs.csv"  # flash attention on (its .meta.json; aut
 KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
 
 
-def _campaign(table: Path, budget: float, trials: int, context: int | None, engine_options: dict | None = None):
+def _campaign(table: Path, budget: float, trials: int, context: int | None):
     df = read_table(table)
     data = {
-        "name": "serve", "engine": "replay", "engine_options": {"table": str(table), "seed": 0, **(engine_options or {})},
+        "name": "serve", "engine": "replay", "engine_options": {"table": str(table), "seed": 0},
         "model": str(table), "space": _space(df, parameter_columns(df)), "objective": "tg",
         "budget": {"trials": trials}, "constraints": {"vram_mib": budget}, "sampler": {"name": "tpe", "seed": 0},
         "search": {"informed": True, "skip_predicted": True, "strategy": "boundary", "fit_params": False}, **OFFLINE,
