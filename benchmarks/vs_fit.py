@@ -76,9 +76,14 @@ TARGET = 1.15  # the generation speed-up over fit the comparison is held to
 MIB, GB = 2 ** 20, 1e9
 
 
+@functools.cache  # one model file per run: its shape is read once
+def _memory_model(model: Path) -> MemoryModel:
+    return MemoryModel(shape_from_gguf(model))
+
+
 def context_growth(model: Path, config: TrialConfig) -> float:
     """MiB the configuration's serving context (ctx_size) adds to its llama-bench peak, as the sweep counts it."""
-    return MemoryModel(shape_from_gguf(model)).context_growth(config, measured_context(config))
+    return _memory_model(model).context_growth(config, measured_context(config))
 
 
 def served(context: int | None) -> dict:
@@ -195,9 +200,11 @@ def compare_runs(runs: dict[str, dict[str, list[float]]]) -> dict[str, Compariso
             "tg_by_round": compare_paired(ours["tg"], fit["tg"]), "pp_by_round": compare_paired(ours["pp"], fit["pp"])}
 
 
-def peaks(runs: dict[str, dict[str, list]]) -> dict[str, float]:
-    """Each side's highest measured peak over its interleaved runs (the fullest GPU's)."""
-    return {side: max(p for p in runs[side]["peak"] if p is not None) for side in runs}
+def peaks(runs: dict[str, dict[str, list]], counted: dict[str, float] | None = None) -> dict[str, float]:
+    """Each side's highest measured peak over its interleaved runs (the fullest GPU's), plus what the serving context
+    adds to that side's (`counted`, by side, where the run served one)."""
+    counted = counted or {}
+    return {side: max(p for p in runs[side]["peak"] if p is not None) + counted.get(side, 0.0) for side in runs}
 
 
 def table_row(budget: float, runs: dict[str, dict[str, list[float]]], ratios: dict[str, Comparison],
@@ -467,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = interleave(ours, fit, args.rounds, after_round=keep)
         log(f"  interleaved runs done at {time.monotonic() - started:.0f} s")
         ratios = compare_runs(runs)
-        peak = {side: p + growth[side] for side, p in peaks(runs).items()}
+        peak = peaks(runs, growth)
         modelled = {"ours": as_ran(ours), "fit": as_ran(fit)}
         bound = {side: ceiling(args.model.resolve(), config, host_read_gbps(config.threads), gpu_gbps)
                  for side, config in modelled.items()}

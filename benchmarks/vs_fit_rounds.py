@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runs = record["runs"]
             ratios = compare_runs(runs)
-            counted = record.get("context_mib") or {}
-            peak = {side: p + counted.get(side, 0.0) for side, p in peaks(runs).items()}
+            peak = peaks(runs, record.get("context_mib"))  # at a serving context, with what vs_fit.py counted for it
             print(f"| {path.name} " + table_row(record["budget_mib"], runs, ratios, peak))
             if one_gpu(record):
                 by_budget[record["budget_mib"], record.get("serve_context") or 0].append(ratios["tg_by_round"])

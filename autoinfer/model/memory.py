@@ -164,7 +164,8 @@ class MemoryModel:
         created) on the fullest device: its KV cache and attention scores at their size in bytes, which is how
         llama.cpp allocates them, not at a coefficient fitted to peaks whose contexts barely differ."""
         d = self.features(config) - self.features(measured)
-        return max(float((d[:, 1] + d[:, 2]).max()), 0.0)
+        grown = d[:, FEATURES.index("cache")] + d[:, FEATURES.index("compute")]
+        return max(float(grown.max()), 0.0)
 
     # -- prediction and calibration -------------------------------------------------------------------------
     def predict(self, config: TrialConfig) -> Prediction:
