@@ -72,6 +72,12 @@ class Constraints(StrictModel):
     ram_mib: float | None = Field(None, gt=0)
     max_kld: float | None = Field(None, gt=0)  # model files whose KL divergence (nats) is larger are infeasible
 
+    @property
+    def side(self) -> str | None:
+        """The memory budget's side: "device" (vram_mib, which wins where both are set), "host" (ram_mib) or None.
+        The serving context is counted there, and memory breaks a confirmation's tie there."""
+        return "device" if self.vram_mib else "host" if self.ram_mib else None
+
 
 class Quality(StrictModel):
     """How the quality of each model file is measured (autoinfer.llama.quality), when the campaign uses it."""

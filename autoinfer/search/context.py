@@ -87,8 +87,7 @@ class SearchContext:
     def create(cls, campaign: Campaign, engine: Engine, models: dict[str, str]) -> "SearchContext":
         ctx = cls(campaign, engine, models)
         c = campaign.constraints
-        ctx.side, ctx.budget_mib = ("device", c.vram_mib) if c.vram_mib else ("host", c.ram_mib) if c.ram_mib \
-            else (None, None)
+        ctx.side, ctx.budget_mib = c.side, c.vram_mib or c.ram_mib
         ctx.n_gpus = engine.n_gpus or max(len(measured_gpus()), 1)
         if not capabilities(campaign.engine).llama_settings:  # the memory and performance models are llama.cpp's
             if ctx.counts_context:

@@ -327,14 +327,16 @@ class Alternative:
 
     trial: int
     speed: float
-    memory_mib: float
+    memory_mib: float  # with the serving context's share (context_mib), as the budget counts it
     slower: float  # fraction: 0.02 = 2% slower than the recommendation
     saves_mib: float
+    context_mib: float = 0.0  # of memory_mib, what the serving context adds to the measured peak
 
     def line(self) -> str:
         pace = f"{self.slower:.0%} slower" if self.slower > 0 else f"{-self.slower:.0%} faster"
+        context = f", {self.context_mib:.0f} of them for the serving context" if self.context_mib else ""
         return (f"lighter alternative: trial {self.trial}, {pace}, {self.saves_mib:.0f} MiB less "
-                f"({self.speed:.2f} at {self.memory_mib:.0f} MiB)")
+                f"({self.speed:.2f} at {self.memory_mib:.0f} MiB{context})")
 
 
 @dataclass(frozen=True)
@@ -392,16 +394,17 @@ class Finalist:
     scores: tuple[float, ...]
     median: float | None
     ci: tuple[float, float] | None
-    memory_mib: float | None
+    memory_mib: float | None  # the median measured peak on the budget's side (confirm._memory)
     memory_kind: str
     failed_runs: int
+    context_mib: float | None = None  # what the serving context adds to memory_mib where memory breaks a tie
 
     @classmethod
     def from_attr(cls, data: Mapping[str, Any]) -> Finalist:
         ci = data.get("ci")
         return cls(data["trial"], data.get("params") or {}, _floats(data.get("scores")), data.get("median"),
                    tuple(ci) if ci else None, data.get("memory_mib"), data.get("memory_kind", "none"),
-                   data.get("failed_runs", 0))
+                   data.get("failed_runs", 0), data.get("context_mib"))
 
     def to_attr(self) -> dict[str, Any]:
         return {**asdict(self), "params": dict(self.params), "scores": list(self.scores),

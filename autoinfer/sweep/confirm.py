@@ -12,7 +12,9 @@ t-test on their logs), since a drift that moves every process of a round cancels
 0.85x at the median (benchmarks/vs_fit_rounds.py); or as two samples (Mann-Whitney U or Welch). The objective
 decides: memory breaks a tie only between finalists the test cannot tell apart whose speed is within
 `speed_tolerance` of the leader's (peaks within `memory_tolerance` count as the same memory). A finalist that needs
-clearly less memory is offered on its own line, never silently put in the faster one's place.
+clearly less memory is offered on its own line, never silently put in the faster one's place. Memory is what the
+budget counts: the peak on its side, with the serving context's share where llama-bench did not create that context
+(q8_0 K and V caches grow 308 MiB less than f16 ones to 32768 tokens on the 35B-A3B stand-in).
 """
 
 from __future__ import annotations
@@ -126,26 +128,28 @@ def stored_summary(study: optuna.Study, record: Confirmation) -> str:
     return summary(record, finalist_label({f.trial: study_store.record(f.trial) for f in record.finalists}))
 
 
-def _memory(runs: list[ConfirmRun]) -> tuple[float, str]:
-    """The memory a configuration needs: median device peak, or host RSS where no device memory was measured."""
-    vram = [r.vram_peak_mib for r in runs if r.vram_peak_mib is not None]
-    if vram:
-        return statistics.median(vram), "vram"
-    rss = [r.rss_peak_mib for r in runs if r.rss_peak_mib is not None]
-    return (statistics.median(rss), "rss") if rss else (float("inf"), "none")
+def memory_of(vram: list[float], rss: list[float], side: str | None) -> tuple[float | None, str]:
+    """The memory a configuration needs, the median of its measured peaks: on the budget's side ("device": the
+    largest GPU's, "host": RSS), since that is the memory the user counts; without a budget (None) the device
+    peak, or host RSS where no device memory was measured."""
+    if side == "host" or (side is None and not vram):
+        return (statistics.median(rss), "rss") if rss else (None, "none")
+    return (statistics.median(vram), "vram") if vram else (None, "none")
 
 
 def lighter_alternative(medians: dict[int, float], memory: dict[int, float], chosen: int,
-                       memory_tolerance: float) -> Alternative | None:
+                       memory_tolerance: float, context: Mapping[int, float] | None = None) -> Alternative | None:
     """The fastest finalist that needs less memory than `chosen` beyond the tolerance and saves a larger fraction of
-    memory than it loses of speed (None when there is none)."""
+    memory than it loses of speed (None when there is none); `memory` as the budget counts it, with the serving
+    context's share (`context`, to say how much of it that is)."""
     limit = memory[chosen] * (1 - memory_tolerance)
     lighter = [n for n in medians if n != chosen and memory[n] < limit
                and 1 - memory[n] / memory[chosen] > 1 - medians[n] / medians[chosen]]
     if not lighter or not math.isfinite(memory[chosen]):
         return None
     n = max(lighter, key=lambda k: medians[k])
-    return Alternative(n, medians[n], memory[n], 1 - medians[n] / medians[chosen], memory[chosen] - memory[n])
+    return Alternative(n, medians[n], memory[n], 1 - medians[n] / medians[chosen], memory[chosen] - memory[n],
+                       (context or {}).get(n) or 0.0)
 
 
 def trial_label(n: int) -> str:
@@ -170,9 +174,11 @@ def compare_finalists(scores: dict[int, list[float]], score_rounds: dict[int, li
 
 def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: float, test: str,
            memory_tolerance: float = 0.0, speed_tolerance: float = 0.0,
-           label: Callable[[int], str] = trial_label, score_rounds: dict[int, list[int]] | None = None) -> Verdict:
+           label: Callable[[int], str] = trial_label, score_rounds: dict[int, list[int]] | None = None,
+           context: Mapping[int, float] | None = None) -> Verdict:
     """Leader, comparisons and recommendation from per-run scores of each finalist (trial number → scores, and for
-    the paired test `score_rounds`: trial number → each score's round); `label` names a finalist in the verdict's
+    the paired test `score_rounds`: trial number → each score's round); `memory` as the budget counts it, with the
+    serving context's share (`context`, named in the lighter alternative); `label` names a finalist in the verdict's
     reason.
 
     Finalists with fewer than 2 successful runs cannot be judged and are left out. The leader is the fastest median,
@@ -215,7 +221,8 @@ def decide(scores: dict[int, list[float]], memory: dict[int, float], *, alpha: f
     return Verdict(leader, recommended, bool(tied), tuple(tied),
                    tuple(FinalistComparison(n, r.p_value, r.differ, r.test, r.ratio, tuple(r.ratio_ci), d)
                          for n, r, d in zip(others, results, differ)),
-                   lighter_alternative(medians, judged_memory, recommended, memory_tolerance), "confirmed: " + why)
+                   lighter_alternative(medians, judged_memory, recommended, memory_tolerance, context),
+                   "confirmed: " + why)
 
 
 def ratio_line(a: int, b: int, ratio: float, ci: tuple[float, float] | list[float],
@@ -272,23 +279,27 @@ def _scored(keys: list[int], runs: list[ConfirmRun]) -> tuple[dict[int, list[flo
 
 def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: int, spec: ConfirmSpec,
           weights: dict[str, float], after_trials: int | None,
-          label: Callable[[int], str] = trial_label) -> Confirmation:
+          label: Callable[[int], str] = trial_label, *, side: str | None = None,
+          context: Mapping[int, float | None] | None = None) -> Confirmation:
     """The confirmation record of interleaved `runs` of the finalists (key → their parameters): each finalist's
-    scores and memory, and the verdict."""
+    scores and memory on the budget's `side` (memory_of), and the verdict. `context`: what the serving context adds
+    to a finalist's measured peak there (its trial's TrialRecord.context_mib), counted where memory breaks a tie."""
     per_key: dict[int, Finalist] = {}
     all_scores, score_rounds = _scored(list(params), runs)
     for key, values in params.items():
         mine = [x for x in runs if x.trial == key]
         scores = all_scores[key]
-        mem, mem_kind = _memory(mine)
+        mem, mem_kind = memory_of([r.vram_peak_mib for r in mine if r.vram_peak_mib is not None],
+                                  [r.rss_peak_mib for r in mine if r.rss_peak_mib is not None], side)
         per_key[key] = Finalist(
             key, dict(values), tuple(scores), statistics.median(scores) if scores else None,
-            bootstrap_ci(scores) if len(scores) >= 2 else None, mem if mem != float("inf") else None, mem_kind,
-            len(mine) - len(scores))
-    verdict = decide(all_scores,
-                     {n: p.memory_mib if p.memory_mib is not None else float("inf") for n, p in per_key.items()},
+            bootstrap_ci(scores) if len(scores) >= 2 else None, mem, mem_kind, len(mine) - len(scores),
+            (context or {}).get(key) if mem is not None else None)
+    verdict = decide(all_scores, {n: math.inf if p.memory_mib is None else p.memory_mib + (p.context_mib or 0.0)
+                                  for n, p in per_key.items()},
                      alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
-                     speed_tolerance=spec.speed_tolerance, label=label, score_rounds=score_rounds)
+                     speed_tolerance=spec.speed_tolerance, label=label, score_rounds=score_rounds,
+                     context={n: p.context_mib for n, p in per_key.items() if p.context_mib})
     return Confirmation(
         time.time(), spec.alpha, spec.test, rounds, spec.memory_tolerance, spec.speed_tolerance, spec.precision,
         weights, after_trials, tuple(per_key.values()), tuple(runs), verdict)
@@ -316,7 +327,8 @@ def confirm(study: optuna.Study, campaign: Campaign, run: Callable[[TrialConfig,
                               spec, weights, note)
     study_store = Store(study)
     record = judge({n: t.params for n, t in chosen.items()}, runs, rounds, spec, weights,
-                   sum(1 for t in study_store.records() if t.is_finished), label)
+                   sum(1 for t in study_store.records() if t.is_finished), label, side=campaign.constraints.side,
+                   context={n: t.context_mib for n, t in chosen.items()})
     study_store.write_study(confirmed=record)
     note(summary(record, label))
     return record

@@ -123,7 +123,8 @@ def final(contest: Contest, campaigns: list[Campaign], studies: dict[str, optuna
     runs, rounds = interleave(list(configs), run, spec, weights, note)
     record = ContestRecord(contest.to_json(), tuple(entries), tuple(left_out), after,
                            judge({k: t.config or {} for k, t in configs.items()}, runs, rounds, spec, weights, None,
-                                 label=base_record.label))
+                                 label=base_record.label, side=by_name[entries[0].study].constraints.side,
+                                 context={k: t.context_mib for k, t in configs.items()}))
     return record
 
 

@@ -29,7 +29,7 @@ from autoinfer.measure.stats import bootstrap_ci
 from autoinfer.store import trials as store
 from autoinfer.store.records import Alternative, Confirmation, DriftState, TrialRecord
 from autoinfer.store.trials import Store
-from autoinfer.sweep.confirm import config_key, lighter_alternative
+from autoinfer.sweep.confirm import config_key, lighter_alternative, memory_of
 from autoinfer.sweep.drift import busy_verdict
 
 CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
@@ -45,6 +45,7 @@ class Run:
     memory_mib: float | None = None
     memory_kind: str = "none"
     samples: tuple[float, ...] = ()  # the objective's samples when it is one kind (tg or pp), for a one-run CI
+    context_mib: float | None = None  # what the serving context adds to memory_mib (TrialRecord.context_mib)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Recommendation:
     busy: str | None = None  # the machine-noise verdict, when the machine's own noise dominated the study
 
     unit: str = ""  # "tok/s" when the objective is one kind of speed; else the objective is a weighted score
+    context_mib: float | None = None  # what the serving context adds to memory_mib as the budget counts it
 
     def label(self) -> str:
         """The progress bar's text."""
@@ -70,20 +72,17 @@ class Recommendation:
     def headline(self) -> str:
         ci = f", 95% CI {self.ci[0]:.2f}–{self.ci[1]:.2f}" if self.ci else ""
         memory = f", {self.memory_kind} {self.memory_mib:.0f} MiB" if self.memory_mib is not None else ""
+        if memory and self.context_mib:
+            memory += f" + {self.context_mib:.0f} at the serving context"
         return (f"recommended: trial {self.trial}, {self.speed:.2f}{' ' + self.unit if self.unit else ''} (median "
                 f"of {self.runs} run(s){ci}{memory}); {self.why}")
 
 
-def _memory(vram: float | None, rss: float | None) -> tuple[float | None, str]:
-    if vram:
-        return float(vram), "vram"
-    return (float(rss), "rss") if rss else (None, "none")
-
-
 def runs_of(trials: Iterable[TrialRecord], weights: dict[str, float], flagged: set[int],
-            anchor: DriftState | None = None) -> list[Run]:
+            anchor: DriftState | None = None, side: str | None = None) -> list[Run]:
     """The trustworthy measurements of a study: measured feasible successful trials not flagged by the drift anchor,
-    and the anchor's runs that did not drift (from its state)."""
+    and the anchor's runs that did not drift (from its state); each trial's memory on the budget's `side`
+    (confirm.memory_of)."""
     single = [k for k in weights if k != "kld"]
     kind = single[0] if len(single) == 1 and len(weights) == 1 else None
     out = []
@@ -92,9 +91,10 @@ def runs_of(trials: Iterable[TrialRecord], weights: dict[str, float], flagged: s
             continue
         value = store.score({"tg": t.samples("tg"), "pp": t.samples("pp"), "kld": t.kld_samples}, weights)
         if value is not None:
-            mem, mem_kind = _memory(t.vram_peak_mib, t.rss_peak_mib)
+            mem, mem_kind = memory_of([t.vram_peak_mib] if t.vram_peak_mib else [],
+                                      [t.rss_peak_mib] if t.rss_peak_mib else [], side)
             out.append(Run(config_key(t.config), value, t.number, mem, mem_kind,
-                           tuple(t.samples(kind)) if kind else ()))
+                           tuple(t.samples(kind)) if kind else (), t.context_mib if mem is not None else None))
     if anchor and anchor.config:
         key = config_key(anchor.config)
         out += [Run(key, a.score) for a in anchor.anchors
@@ -111,6 +111,12 @@ class _Config:
     samples: tuple[float, ...]
     memory_mib: float | None
     memory_kind: str
+    context_mib: float | None
+
+    @property
+    def counted_mib(self) -> float:
+        """The memory as the budget counts it: the measured peak and the serving context's share (inf: unmeasured)."""
+        return math.inf if self.memory_mib is None else self.memory_mib + (self.context_mib or 0.0)
 
 
 def _configs(runs: Sequence[Run]) -> list[_Config]:
@@ -128,7 +134,7 @@ def _configs(runs: Sequence[Run]) -> list[_Config]:
         stand = min(trials, key=lambda r: (abs(r.score - speed), r.trial))
         mems = [r.memory_mib for r in trials if r.memory_mib is not None]
         out.append(_Config(key, stand.trial, speed, scores, tuple(v for r in group for v in r.samples),
-                           statistics.median(mems) if mems else None, stand.memory_kind))
+                           statistics.median(mems) if mems else None, stand.memory_kind, stand.context_mib))
     return sorted(out, key=lambda c: (-c.speed, c.trial))
 
 
@@ -166,7 +172,7 @@ def decide(runs: Sequence[Run], record: Confirmation | None, keys: dict[int, str
             return Recommendation(
                 rec.trial, configs_of[rec.trial], rec.median, rec.ci, len(rec.scores), rec.memory_mib,
                 rec.memory_kind, True, record.verdict.why or "confirmed by interleaved re-measurement",
-                record.verdict.alternative, busy, unit)
+                record.verdict.alternative, busy, unit, rec.context_mib)
         why_not = (f"the confirmation was not used: {len(against)} of {len(judged)} finalists measured more than "
                    f"{CONTRADICTION:g}× away from all of their own search runs, so the machine was in another state "
                    "while it ran; ")
@@ -175,14 +181,13 @@ def decide(runs: Sequence[Run], record: Confirmation | None, keys: dict[int, str
     if not configs:
         return None
     top = configs[0]
-    alt = lighter_alternative({c.trial: c.speed for c in configs},
-                              {c.trial: c.memory_mib if c.memory_mib is not None else math.inf for c in configs},
-                              top.trial, memory_tolerance)
+    alt = lighter_alternative({c.trial: c.speed for c in configs}, {c.trial: c.counted_mib for c in configs},
+                              top.trial, memory_tolerance, {c.trial: c.context_mib for c in configs if c.context_mib})
     return Recommendation(
         top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
         top.memory_kind, False,
         why_not + f"fastest median of {len(configs)} configuration(s) over their trustworthy runs "
-        "(drift-flagged trials left out)", alt, busy, unit)
+        "(drift-flagged trials left out)", alt, busy, unit, top.context_mib)
 
 
 def recommend(study: optuna.Study) -> Recommendation | None:
@@ -192,7 +197,8 @@ def recommend(study: optuna.Study) -> Recommendation | None:
     study_store = Store(study)
     trials = study_store.records(states=(TrialState.COMPLETE,))
     kept = study_store.study_record()
-    runs = runs_of(trials, weights, set(kept.drift_flagged), kept.drift)
+    runs = runs_of(trials, weights, set(kept.drift_flagged), kept.drift,
+                   campaign.constraints.side if campaign else None)
     return decide(runs, kept.confirmed,
                   {t.number: config_key(t.config) for t in trials if t.config is not None},
                   {t.number: t.config for t in trials if t.config is not None},

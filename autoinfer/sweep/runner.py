@@ -119,10 +119,9 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
     write_trial(trial, **store.measurement_fields(m))
     store.write_run_files(trial_dir(study.study_name, trial.number), m)
     weights = campaign.objective_weights()
-    limits = {"vram_mib": (campaign.constraints.vram_mib, m.vram_peak_mib),
-              "ram_mib": (campaign.constraints.ram_mib, m.rss_peak_mib)}
-    growth = record_of(trial).context_mib  # the serving context's, on the budget's side (SearchContext.side)
-    served = "vram_mib" if campaign.constraints.vram_mib else "ram_mib"
+    limits = {"device": ("vram_mib", campaign.constraints.vram_mib, m.vram_peak_mib),
+              "host": ("ram_mib", campaign.constraints.ram_mib, m.rss_peak_mib)}
+    growth = record_of(trial).context_mib  # the serving context's, on the budget's side
     if m.outcome.is_memory or m.outcome is Outcome.REJECTED:
         if not any(v > 0 for v in trial.constraints.values()):  # a gate that found the cause (kld) already said so
             trial.set_constraint("memory" if m.outcome.is_memory else "rejected", 1.0)
@@ -138,11 +137,11 @@ def record(study: optuna.Study, trial: optuna.Trial, campaign: Campaign, m: Meas
             write_trial(trial, outcome=Outcome.BAD_OUTPUT.value, reason=f"no samples for the objective {sorted(weights)}")
         _tell(study, trial, state=TrialState.FAIL)
         return
-    for key, (limit, used) in limits.items():
+    for side, (key, limit, used) in limits.items():
         if limit is None:
             continue
         peak = f"peak {key[:-4]} {used or 0.0:.0f} MiB"
-        if key == served and growth and used is not None:
+        if side == campaign.constraints.side and growth and used is not None:
             used += growth
             peak += (f" + {growth:.0f} MiB for the {campaign.serve.context}-token serving context (the KV cache "
                      f"llama-bench did not create) = {used:.0f} MiB")

@@ -138,6 +138,31 @@ def test_the_default_paired_test_compares_round_by_round_and_a_drift_cancels():
     assert not precise_enough({0: fast, 1: slow}, 0.03, "mannwhitney")
 
 
+def test_memory_breaks_a_tie_on_the_budgets_side_with_the_serving_contexts_share():
+    """Two finalists the rounds cannot tell apart. At llama-bench's short context 0 peaks 200 MiB lower, but its f16
+    KV cache grows 656 MiB at a 32768-token serving context against 1's 348 (q8_0): as served, 1 is the lighter one,
+    and the lighter alternative says how much of its memory the context is. A host budget compares RSS, not VRAM."""
+    speeds = {0: [100.0, 97.0, 103.0, 99.0, 101.5], 1: [99.0, 102.0, 98.0, 100.0, 101.0]}
+    vram, rss = {0: 7600.0, 1: 7800.0}, {0: 3000.0, 1: 2000.0}
+    runs = [ConfirmRun(r, n, "ok", "", x, (x,), (), vram[n], rss[n], False)
+            for n, xs in speeds.items() for r, x in enumerate(xs)]
+    spec = _campaign(confirm={"speed_tolerance": 0.05, "memory_tolerance": 0.005}).confirm
+
+    def verdict(side, context=None):
+        return judge({0: {}, 1: {}}, runs, 5, spec, {"tg": 1.0}, None, side=side, context=context).verdict
+
+    assert verdict("device").recommended == 0
+    served = judge({0: {}, 1: {}}, runs, 5, spec, {"tg": 1.0}, None, side="device", context={0: 656.0, 1: 348.0})
+    assert served.verdict.recommended == 1 and served.finalist(1).context_mib == 348.0
+    assert (served.finalist(1).memory_mib, served.finalist(1).memory_kind) == (7800.0, "vram")
+    assert verdict("host").recommended == 1 and verdict(None).recommended == 0  # without a budget: the device peak
+    slower = [dataclasses.replace(x, score=x.score * 0.97) if x.trial == 1 else x for x in runs]
+    alt = judge({0: {}, 1: {}}, slower, 5, _campaign(confirm={"speed_tolerance": 0.01}).confirm, {"tg": 1.0}, None,
+                side="host", context={0: 656.0, 1: 348.0}).verdict.alternative
+    assert (alt.trial, alt.memory_mib, alt.saves_mib, alt.context_mib) == (1, 2348.0, 1308.0, 348.0)
+    assert alt.line().endswith("(97.00 at 2348 MiB, 348 of them for the serving context)")
+
+
 def test_with_the_paired_test_a_finalist_that_failed_in_the_fast_rounds_is_not_judged_by_its_lower_median():
     """The machine speeds up round by round; finalist 1 runs 5% faster than 0 in every round both ran, then fails in
     the last two. Its median comes from the slow rounds only and is lower than 0's: Mann-Whitney's leader is 0, the

@@ -4,6 +4,7 @@ machine's numbers never put a configuration that the study's other measurements 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -140,6 +141,15 @@ def test_memory_alone_never_replaces_the_fastest_and_a_lighter_one_is_offered():
     assert rec.alternative.line().startswith("lighter alternative: trial 2, 2% slower, 432 MiB less")
     runs[2] = Run("c", 61.0, 2, 7154.0, "vram")  # 15% slower for 5.7% less memory: not offered
     assert recommend_from(runs, None, {0: "a", 1: "b", 2: "c"}, {n: {"t": n} for n in range(3)}).alternative is None
+    # at a 32768-token serving context c's f16 KV cache adds 656 MiB and a's q8_0 one 348: c is no longer lighter
+    runs = [Run("a", 71.8, 0, 7586.0, "vram", context_mib=348.0), Run("c", 70.4, 2, 7154.0, "vram", context_mib=656.0)]
+    assert recommend_from(runs, None, {0: "a", 2: "c"}, {0: {"t": 1}, 2: {"t": 3}}).alternative is None
+    runs[0] = dataclasses.replace(runs[0], context_mib=1000.0)
+    alt = recommend_from(runs, None, {0: "a", 2: "c"}, {0: {"t": 1}, 2: {"t": 3}}).alternative
+    assert alt.line() == ("lighter alternative: trial 2, 2% slower, 776 MiB less (70.40 at 7810 MiB, 656 of them for "
+                          "the serving context)")
+    assert recommend_from(runs, None, {0: "a", 2: "c"}, {0: {"t": 1}, 2: {"t": 3}}).headline().startswith(
+        "recommended: trial 0, 71.80 (median of 1 run(s), vram 7586 MiB + 1000 at the serving context)")
 
 
 def test_a_confirmation_that_contradicts_the_search_measurements_is_not_used():

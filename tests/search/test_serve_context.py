@@ -17,7 +17,7 @@ from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.model.shape import ModelShape
 from autoinfer.store.trials import MEMORY_STORAGE, Store
-from autoinfer.sweep.recommend import as_best, recommend
+from autoinfer.sweep.recommend import as_best, recommend, runs_of
 from autoinfer.sweep.replay_cli import OFFLINE, _space
 from autoinfer.sweep.report import print_status
 from autoinfer.sweep.runner import sweep
@@ -82,6 +82,10 @@ def test_each_peak_is_held_to_the_budget_with_the_serving_contexts_kv_cache(tabl
 
     best = as_best(study, recommend(study))
     assert best is not None and best.trial.vram_peak_mib + best.trial.context_mib <= budget
+    # memory breaks a tie, and a lighter alternative is offered, by the peak as the budget counts it
+    ok = [t for t in trials if t.outcome == "ok" and t.is_feasible_ok]
+    assert {r.trial: (r.memory_mib, r.context_mib) for r in runs_of(ok, {"tg": 1.0}, set(), side="device")} == {
+        t.number: (t.vram_peak_mib, t.context_mib) for t in ok}
     argv = shlex.split(render("server", best, study.study_name, campaign.engine))
     assert argv[argv.index("-c") + 1] == str(context)
     console = Console(record=True, width=200)

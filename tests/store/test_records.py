@@ -62,13 +62,15 @@ STORED_STUDY = {
         "time": 1.5, "alpha": 0.05, "test": "mannwhitney", "rounds": 5, "memory_tolerance": 0.02,
         "speed_tolerance": 0.02, "precision": 0.03, "objective": {"tg": 1.0}, "after_trials": 12,
         "finalists": [{"trial": 3, "params": {"threads": 4}, "scores": [10.0, 11.0], "median": 10.5,
-                       "ci": [10.0, 11.0], "memory_mib": 7000.0, "memory_kind": "vram", "failed_runs": 0}],
+                       "ci": [10.0, 11.0], "memory_mib": 7000.0, "memory_kind": "vram", "failed_runs": 0,
+                       "context_mib": 656.2}],
         "runs": [{"round": 0, "trial": 3, "outcome": "ok", "reason": "", "score": 10.0, "tg_samples": [10.0],
                   "pp_samples": [], "vram_peak_mib": 7000.0, "rss_peak_mib": None, "idle_busy": False}],
         "leader": 3, "recommended": 3, "tie": True, "tied_with": [5],
         "comparisons": [{"trial": 5, "p_value": 0.2, "differ": False, "test": "mannwhitney", "ratio": 1.05,
                          "ratio_ci": [0.98, 1.1], "differ_holm": False}],
-        "alternative": {"trial": 5, "speed": 10.0, "memory_mib": 6000.0, "slower": 0.01, "saves_mib": 1000.0},
+        "alternative": {"trial": 5, "speed": 10.0, "memory_mib": 6000.0, "slower": 0.01, "saves_mib": 1000.0,
+                        "context_mib": 348.0},
         "why": "confirmed: fastest median"},
     "drift": {"config": {"model": "m.gguf"}, "anchors": [
         {"index": 0, "label": "start", "after_trial": 0, "time": 2.0, "outcome": "ok", "reason": "", "score": 10.0,
@@ -148,11 +150,11 @@ def test_a_study_stored_by_an_earlier_version_reads_into_every_field():
     r = StudyRecord.from_attrs(STORED_STUDY)
     assert {f.name for f in fields(StudyRecord)} == set(STORED_STUDY)
     c = r.confirmed
-    assert c.finalists == (Finalist(3, {"threads": 4}, (10.0, 11.0), 10.5, (10.0, 11.0), 7000.0, "vram", 0),)
+    assert c.finalists == (Finalist(3, {"threads": 4}, (10.0, 11.0), 10.5, (10.0, 11.0), 7000.0, "vram", 0, 656.2),)
     assert c.runs == (ConfirmRun(0, 3, "ok", "", 10.0, (10.0,), (), 7000.0, None, False),)
     assert c.verdict == Verdict(3, 3, True, (5,), (FinalistComparison(5, 0.2, False, "mannwhitney", 1.05, (0.98, 1.1),
                                                                       False),),
-                                Alternative(5, 10.0, 6000.0, 0.01, 1000.0), "confirmed: fastest median")
+                                Alternative(5, 10.0, 6000.0, 0.01, 1000.0, 348.0), "confirmed: fastest median")
     assert c.finalist(3).median == 10.5 and c.after_trials == 12
     assert r.drift.anchors[0] == AnchorRun(0, "start", 0, 10.0, None, False, 2.0, "ok", "", (10.0,), (), False, 0,
                                            discarded=True)
