@@ -27,7 +27,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import RunContext, TrialConfig
 from autoinfer.engines.llama_common import env_words, server_args
 from autoinfer.measure.gpu import measured_gpus
-from autoinfer.sweep.deploy import run_check
+from autoinfer.sweep.deploy import check_prompt, run_check
 
 
 def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[float]]:
@@ -46,7 +46,7 @@ def peaks(config: TrialConfig, rounds: int, timeout_s: float) -> dict[str, list[
         return m.vram_peak_mib if gpus else m.rss_peak_mib
 
     def of_server(command: list[str]) -> float | None:
-        check = run_check(command, timeout_s, gpus=gpus)
+        check = run_check(command, timeout_s, check_prompt(config), gpus=gpus)
         if not check.passed:
             raise SystemExit(f"llama-server failed: {check.reason}")
         return check.vram_peak_mib if gpus else check.rss_peak_mib

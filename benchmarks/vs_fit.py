@@ -65,7 +65,7 @@ from autoinfer.model.performance import fit as fit_coefficients
 from autoinfer.model.shape import shape_from_gguf
 from autoinfer.search.fit_baseline import FIT_SLACK_MIB
 from autoinfer.store.trials import Store, load_study
-from autoinfer.sweep.deploy import run_check
+from autoinfer.sweep.deploy import check_prompt, run_check
 
 CAMPAIGN = Path(__file__).resolve().parents[1] / "autoinfer" / "experiments" / "qwen35moe-8gb.yaml"
 MEASURE = {"n_prompt": 512, "n_gen": 64, "repetitions": 3}
@@ -95,7 +95,7 @@ def server_peak(config: TrialConfig) -> float | None:
     """The fullest GPU's peak of the configuration's llama-server command, started once and asked for a completion."""
     bench = base.create("llama-bench")
     check = run_check([*env_words(config), str(bench.tools.tool("llama-server")), *server_args(config, bench.tools)],
-                      600, gpus=tuple(measured_gpus()))
+                      600, check_prompt(config), gpus=tuple(measured_gpus()))
     if not check.passed:
         raise SystemExit(f"llama-server of {describe(config)} failed: {check.reason}")
     return check.vram_peak_mib

@@ -643,6 +643,7 @@ class DeploymentCheck:
     rss_peak_mib: float | None = None
     memory: str = ""  # its peak against the sweep's measurement and the campaign's budget, in words
     over_budget: bool = False  # llama-server, run as printed, went over the campaign's memory budget
+    prompt_tokens: int = 0  # the prompt's tokens (0: a check of an earlier version, which sent a 4-token text)
 
     @property
     def passed(self) -> bool:
@@ -657,7 +658,8 @@ class DeploymentCheck:
         """One line for status, the sweep's summary and the report."""
         memory = f"; {self.memory}" if self.memory else ""
         if self.status == "passed":
-            return (f"passed: llama-server answered /completion with {self.tokens} tokens ({self.answer!r}) "
+            prompt = f" to a {self.prompt_tokens}-token prompt" if self.prompt_tokens else ""
+            return (f"passed: llama-server answered /completion{prompt} with {self.tokens} tokens ({self.answer!r}) "
                     f"in {self.wall_s:.1f} s (trial {self.trial}){memory}")
         return (f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
                 + memory)

@@ -4,7 +4,10 @@ completion before the sweep calls it a recommendation.
 The sweep measures with llama-bench; the command it prints is another program. Starting that command catches what a
 measurement cannot see (a model without a tokenizer, a flag the server lacks, a library it cannot find) before a
 user pastes it. Only `--host 127.0.0.1 --port N` are added, so the check never collides with a server already
-listening on the default port. The result is recorded on the study and shown by `status` and the report.
+listening on the default port. The prompt is as long as the measurement's (check_prompt): the server's peak then
+holds what computing batches of that size allocates, as llama-bench's pp test did; a 4-token prompt never computes
+a full ubatch, so its peak says less about the server a user sends long prompts to. The result is recorded on the
+study and shown by `status` and the report.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import optuna
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
-from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, env_words
-from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, wait_healthy
+from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, env_words, server_context
+from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, prompt_tokens, wait_healthy
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.measure.gpu import measured_gpus
@@ -30,16 +34,21 @@ from autoinfer.store import trials as store
 from autoinfer.store.records import DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 
-PROMPT = "The quick brown fox"
 N_PREDICT = 8
 _POLL_S = 0.1
 _EXIT_WAIT_S = 3.0  # a server that dropped the connection is usually still dying (an abort writes a core first)
 
 
-def run_check(command: list[str], timeout_s: float, trial: int | None = None,
+def check_prompt(config: TrialConfig) -> int:
+    """The prompt's tokens for a check of `config`'s server: the measurement's prompt (at least one token), within
+    the context the printed server holds beside the generated tokens."""
+    return max(1, min(config.n_prompt, server_context(config) - N_PREDICT - 1))
+
+
+def run_check(command: list[str], timeout_s: float, n_prompt: int, trial: int | None = None,
               gpus: tuple[int, ...] = ()) -> DeploymentCheck:
-    """Start `command` (plus a loopback port), wait until healthy, ask for a short completion, stop it; its peak
-    memory is sampled as a trial's is (VRAM on `gpus`)."""
+    """Start `command` (plus a loopback port), wait until healthy, ask for a completion of an `n_prompt`-token prompt
+    (check_prompt), stop it; its peak memory is sampled as a trial's is (VRAM on `gpus`)."""
     port = free_port()
     argv = [*command, "--host", "127.0.0.1", "--port", str(port)]
     started = time.monotonic()
@@ -50,7 +59,8 @@ def run_check(command: list[str], timeout_s: float, trial: int | None = None,
 
     def result(status: str, reason: str, answer: str = "", tokens: int = 0) -> DeploymentCheck:
         return DeploymentCheck(status, reason, trial, printed, answer, tokens, round(time.monotonic() - started, 2),
-                               res.vram_peak_mib if res else None, res.rss_peak_mib if res else None)
+                               res.vram_peak_mib if res else None, res.rss_peak_mib if res else None,
+                               prompt_tokens=n_prompt)
 
     proc = IsolatedProcess(argv, env=dict(os.environ), gpus=gpus)
     try:
@@ -60,7 +70,8 @@ def run_check(command: list[str], timeout_s: float, trial: int | None = None,
     failure, died = None, False
     try:
         wait_healthy(proc, client)
-        data = client.post("/completion", {"prompt": PROMPT, "n_predict": N_PREDICT, "ignore_eos": True})
+        prompt = prompt_tokens(client, n_prompt, 1)[0]
+        data = client.post("/completion", {"prompt": prompt, "n_predict": N_PREDICT, "ignore_eos": True})
     except (ServerGone, RequestRejected, TimeoutError) as exc:
         failure, died = str(exc), _exited(proc, _EXIT_WAIT_S)
     finally:  # the server's whole process group, however the check ended
@@ -102,8 +113,8 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
                                     "shows the build)", best.trial.number, shlex.join(command), "", 0, 0.0)
         else:
             announce()
-            check = against_budget(run_check(command, campaign.measure.timeout_s, best.trial.number,
-                                             tuple(measured_gpus())), best.trial, campaign)
+            check = against_budget(run_check(command, campaign.measure.timeout_s, check_prompt(best.config),
+                                             best.trial.number, tuple(measured_gpus())), best.trial, campaign)
     record(study, check)
     return check
 
@@ -111,9 +122,10 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
 def against_budget(check: DeploymentCheck, trial: TrialRecord, campaign: Campaign) -> DeploymentCheck:
     """The server's peak beside the sweep's measurement of the same configuration and the campaign's budget. The
     sweep measured llama-bench, whose process is not llama-server's. On an H100 the printed server (one slot)
-    peaked 98-294 MiB below llama-bench at three recommendations of 8, 12 and 16 GiB (left to its default four
-    slots, 188 MiB more: a hybrid model's recurrent state per slot; benchmarks/results/server-memory-h100.md): a
-    server over a VRAM budget is an answer that does not hold, and fails the check. In RAM the server's own process
+    peaked 98-294 MiB below llama-bench at three recommendations of 8, 12 and 16 GiB, asked for a 4-token prompt
+    (left to its default four slots, 188 MiB more: a hybrid model's recurrent state per slot;
+    benchmarks/results/server-memory-h100.md): a server over a VRAM budget is an answer that does not hold, and
+    fails the check. In RAM the server's own process
     is larger than llama-bench's (34-36 against 30 MiB on the tiny model, the same file), so over a RAM budget is
     said and recorded, not failed."""
     gpu = check.vram_peak_mib is not None

@@ -12,9 +12,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autoinfer.campaign.spec import parse_campaign
+from autoinfer.engines.base import TrialConfig
 from autoinfer.model.synth import cached_model
 from autoinfer.store.records import TrialRecord
-from autoinfer.sweep.deploy import N_PREDICT, DeploymentCheck, against_budget, record, run_check, stored
+from autoinfer.sweep.deploy import N_PREDICT, DeploymentCheck, against_budget, check_prompt, record, run_check, stored
 
 
 def _command(llama_tools, model) -> list[str]:
@@ -23,17 +24,26 @@ def _command(llama_tools, model) -> list[str]:
 
 def test_a_model_with_the_tokenizer_serves_a_completion(llama_tools):
     command = _command(llama_tools, cached_model("tiny", "Q8_0"))
-    check = run_check(command, timeout_s=120, trial=3)
+    check = run_check(command, timeout_s=120, n_prompt=64, trial=3)
     assert check.status == "passed", check.reason
     assert check.tokens == N_PREDICT and check.trial == 3 and 0 < check.wall_s < 120
     assert check.command.split() == command  # recorded as printed, without the loopback address added
-    assert check.line().startswith(f"passed: llama-server answered /completion with {N_PREDICT} tokens")
+    assert check.line().startswith(f"passed: llama-server answered /completion to a 64-token prompt with {N_PREDICT} "
+                                   "tokens")
+
+
+def test_the_prompt_is_the_measurements_within_the_servers_context():
+    """As long as llama-bench's pp test, so the server computes batches of that size while its peak is sampled; a
+    server whose context is shorter gets what fits beside the generated tokens."""
+    assert check_prompt(TrialConfig("m.gguf", n_prompt=512, n_gen=64)) == 512
+    assert check_prompt(TrialConfig("m.gguf", n_prompt=512, n_gen=64, extra=(("ctx_size", 256),))) == 256 - N_PREDICT - 1
+    assert check_prompt(TrialConfig("m.gguf", n_prompt=0, n_gen=64)) == 1
 
 
 def test_the_servers_peak_is_set_against_the_sweeps_and_the_budget(llama_tools):
     """The sweep measured llama-bench; the check measures the printed llama-server, and says where its peak stands
     (RSS here, VRAM on a GPU)."""
-    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0")), timeout_s=120, trial=3)
+    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0")), timeout_s=120, n_prompt=64, trial=3)
     assert check.passed and check.vram_peak_mib is None and check.rss_peak_mib > 1, check
     peak = check.rss_peak_mib
     trial = TrialRecord(3, TrialState.COMPLETE, values=(1.0,), rss_peak_mib=peak - 20)
@@ -51,8 +61,8 @@ def test_the_servers_peak_is_set_against_the_sweeps_and_the_budget(llama_tools):
 
 
 def test_a_server_over_the_vram_budget_fails_the_check():
-    """On a GPU the printed server peaked below llama-bench at every recommendation measured: over the VRAM budget
-    the answer does not hold (over a RAM budget it is a warning, the test above)."""
+    """On a GPU the printed server peaked below llama-bench at every recommendation measured (with a 4-token prompt):
+    over the VRAM budget the answer does not hold (over a RAM budget it is a warning, the test above)."""
     served = DeploymentCheck("passed", "", 3, "llama-server -m m.gguf", "the", 8, 1.5, 8300.0, 900.0)
     trial = TrialRecord(3, TrialState.COMPLETE, values=(1.0,), vram_peak_mib=8070.0)
     campaign = parse_campaign({"name": "c", "model": "m.gguf", "constraints": {"vram_mib": 8192}})
@@ -66,13 +76,14 @@ def test_a_server_over_the_vram_budget_fails_the_check():
 
 
 def test_a_model_without_a_tokenizer_fails_the_check_with_the_reason(llama_tools):
-    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0", tokenizer="none")), timeout_s=120)
+    check = run_check(_command(llama_tools, cached_model("tiny", "Q8_0", tokenizer="none")), timeout_s=120,
+                      n_prompt=64)
     assert check.status == "failed" and not check.passed
     assert "Tokenizer not initialized" in check.reason or "tokenizer" in check.reason.lower(), check.reason
 
 
 def test_a_missing_binary_fails_the_check(tmp_path):
-    check = run_check([str(tmp_path / "llama-server"), "-m", "x.gguf"], timeout_s=10)
+    check = run_check([str(tmp_path / "llama-server"), "-m", "x.gguf"], timeout_s=10, n_prompt=64)
     assert check.status == "failed" and "llama-server" in check.reason
 
 
