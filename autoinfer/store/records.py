@@ -394,7 +394,7 @@ class Finalist:
     scores: tuple[float, ...]
     median: float | None
     ci: tuple[float, float] | None
-    memory_mib: float | None  # the median measured peak on the budget's side (confirm._memory)
+    memory_mib: float | None  # the median measured peak on the budget's side (confirm.memory_of)
     memory_kind: str
     failed_runs: int
     context_mib: float | None = None  # what the serving context adds to memory_mib where memory breaks a tie

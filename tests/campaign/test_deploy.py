@@ -73,6 +73,10 @@ def test_a_server_over_the_vram_budget_fails_the_check():
                            "108")
     within = against_budget(replace(served, vram_peak_mib=8000.0), trial, campaign)
     assert within.passed and not within.over_budget
+    served_context = replace(trial, vram_peak_mib=7350.0, context_mib=641.0)  # 32768 tokens the bench did not hold
+    assert against_budget(replace(served, vram_peak_mib=7892.0), served_context, campaign).memory == (
+        "llama-server's peak VRAM 7892 MiB (the sweep measured 7350 and counted 7991 with the serving context), "
+        "within the 8192 MiB budget")
 
 
 def test_a_model_without_a_tokenizer_fails_the_check_with_the_reason(llama_tools):
