@@ -36,7 +36,8 @@ def test_the_prompt_is_the_measurements_within_the_servers_context():
     """As long as llama-bench's pp test, so the server computes batches of that size while its peak is sampled; a
     server whose context is shorter gets what fits beside the generated tokens."""
     assert check_prompt(TrialConfig("m.gguf", n_prompt=512, n_gen=64)) == 512
-    assert check_prompt(TrialConfig("m.gguf", n_prompt=512, n_gen=64, extra=(("ctx_size", 256),))) == 256 - N_PREDICT - 1
+    short = TrialConfig("m.gguf", n_prompt=512, n_gen=64, extra=(("ctx_size", 256),))
+    assert check_prompt(short) == 256 - N_PREDICT - 1
     assert check_prompt(TrialConfig("m.gguf", n_prompt=0, n_gen=64)) == 1
 
 
