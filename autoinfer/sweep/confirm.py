@@ -137,6 +137,12 @@ def memory_of(vram: list[float], rss: list[float], side: str | None) -> tuple[fl
     return (statistics.median(vram), "vram") if vram else (None, "none")
 
 
+def counted_memory(memory_mib: float | None, context_mib: float | None) -> float:
+    """The memory as the budget counts it: the measured peak (memory_of) and the serving context's share on top
+    (inf where nothing was measured, so it never wins on memory)."""
+    return math.inf if memory_mib is None else memory_mib + (context_mib or 0.0)
+
+
 def lighter_alternative(medians: dict[int, float], memory: dict[int, float], chosen: int,
                        memory_tolerance: float, context: Mapping[int, float] | None = None) -> Alternative | None:
     """The fastest finalist that needs less memory than `chosen` beyond the tolerance and saves a larger fraction of
@@ -295,8 +301,7 @@ def judge(params: dict[int, Mapping[str, Any]], runs: list[ConfirmRun], rounds: 
             key, dict(values), tuple(scores), statistics.median(scores) if scores else None,
             bootstrap_ci(scores) if len(scores) >= 2 else None, mem, mem_kind, len(mine) - len(scores),
             (context or {}).get(key) if mem is not None else None)
-    verdict = decide(all_scores, {n: math.inf if p.memory_mib is None else p.memory_mib + (p.context_mib or 0.0)
-                                  for n, p in per_key.items()},
+    verdict = decide(all_scores, {n: counted_memory(p.memory_mib, p.context_mib) for n, p in per_key.items()},
                      alpha=spec.alpha, test=spec.test, memory_tolerance=spec.memory_tolerance,
                      speed_tolerance=spec.speed_tolerance, label=label, score_rounds=score_rounds,
                      context={n: p.context_mib for n, p in per_key.items() if p.context_mib})

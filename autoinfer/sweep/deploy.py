@@ -137,9 +137,10 @@ def against_budget(check: DeploymentCheck, trial: TrialRecord, campaign: Campaig
     budget = campaign.constraints.vram_mib if gpu else campaign.constraints.ram_mib
     words = f"llama-server's peak {side} {peak:.0f} MiB"
     if measured:
-        counted = trial.context_mib if campaign.constraints.side == ("device" if gpu else "host") else None
+        served = trial.context_mib and campaign.constraints.side == ("device" if gpu else "host")
         words += f" (the sweep measured {measured:.0f}" + (
-            f" and counted {measured + counted:.0f} with the serving context)" if counted else ")")
+            f" and counted {trial.budget_peak(campaign.constraints.side):.0f} with the serving context)" if served
+            else ")")
     over = budget is not None and peak > budget
     if budget is not None:
         words += f", over the {budget:.0f} MiB budget by {peak - budget:.0f}" if over else \

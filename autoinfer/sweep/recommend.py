@@ -14,7 +14,6 @@ The logic takes plain inputs (Run, the Confirmation record) so it does not depen
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +28,7 @@ from autoinfer.measure.stats import bootstrap_ci
 from autoinfer.store import trials as store
 from autoinfer.store.records import Alternative, Confirmation, DriftState, TrialRecord
 from autoinfer.store.trials import Store
-from autoinfer.sweep.confirm import config_key, lighter_alternative, memory_of
+from autoinfer.sweep.confirm import config_key, counted_memory, lighter_alternative, memory_of
 from autoinfer.sweep.drift import busy_verdict
 
 CONTRADICTION = 2.0  # a confirmed median this many times off every search run of its configuration contradicts them
@@ -113,11 +112,6 @@ class _Config:
     memory_kind: str
     context_mib: float | None
 
-    @property
-    def counted_mib(self) -> float:
-        """The memory as the budget counts it: the measured peak and the serving context's share (inf: unmeasured)."""
-        return math.inf if self.memory_mib is None else self.memory_mib + (self.context_mib or 0.0)
-
 
 def _configs(runs: Sequence[Run]) -> list[_Config]:
     """Configurations that have a trial, fastest median first."""
@@ -181,7 +175,7 @@ def decide(runs: Sequence[Run], record: Confirmation | None, keys: dict[int, str
     if not configs:
         return None
     top = configs[0]
-    alt = lighter_alternative({c.trial: c.speed for c in configs}, {c.trial: c.counted_mib for c in configs},
+    alt = lighter_alternative({c.trial: c.speed for c in configs}, {c.trial: counted_memory(c.memory_mib, c.context_mib) for c in configs},
                               top.trial, memory_tolerance, {c.trial: c.context_mib for c in configs if c.context_mib})
     return Recommendation(
         top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
