@@ -31,10 +31,22 @@ from autoinfer.refengine.ops.quant.qweight import QuantWeight
 from autoinfer.refengine.state import GdnState, KVCache, SequenceState
 
 L2_EPS = 1e-6  # q/k L2 norm of the GDN layers (as in the FLA kernels and HF)
+# A prompt chunk's attention scores (fp32) are computed in blocks of query rows no larger than this. Whole, they grow
+# with the keys held: at a 32768-token static state one 512-token chunk's were 1 GiB, with two more copies for the mask
+# and softmax, and the process peaked 4.8 GiB above its device plan on an H100 (11514 MiB for budget_mib 6656).
+SCORES_BLOCK_BYTES = 64 * 2**20
 
 
 def l2_norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of query rows q [Hkv, R, D] at `positions` [R] over keys and values [Hkv, S, D], all
+    fp32: each row sees the keys at or before its position (a static state's later ones are empty)."""
+    scores = (q @ keys.transpose(1, 2)) / math.sqrt(q.shape[-1])  # [Hkv, R, S]
+    visible = torch.arange(keys.shape[1], device=q.device)[None, :] <= positions[:, None]
+    return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ values
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight) -> torch.Tensor:
@@ -153,13 +165,16 @@ class Qwen35Moe:
                       positions)
         v = linear(x, w.v).view(T, cfg.n_kv_heads, cfg.head_dim)
         keys, values = cache.append(k.transpose(0, 1).to(self.dtype), v.transpose(0, 1), positions)  # [Hkv, S, D]
+        if T > 1:  # a prompt chunk (never in a CUDA graph) reads only the positions a static state holds so far
+            keys, values = keys[:, :cache.length], values[:, :cache.length]
+        keys, values = keys.float(), values.float()
         # Grouped-query attention: the rep query heads of kv head j (heads j·rep .. j·rep + rep − 1) are one batch.
         rep, S = cfg.n_heads // cfg.n_kv_heads, keys.shape[1]
-        q = q.transpose(0, 1).reshape(cfg.n_kv_heads, rep * T, cfg.head_dim)
-        scores = (q @ keys.float().transpose(1, 2)) / math.sqrt(cfg.head_dim)  # [Hkv, rep·T, S]
-        visible = torch.arange(S, device=x.device)[None, :] <= positions.repeat(rep)[:, None]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        out = (probs @ values.float()).view(cfg.n_heads, T, cfg.head_dim).transpose(0, 1).reshape(T, -1)
+        q, rows = q.transpose(0, 1).reshape(cfg.n_kv_heads, rep * T, cfg.head_dim), positions.repeat(rep)
+        block = max(1, SCORES_BLOCK_BYTES // (cfg.n_kv_heads * S * 4))
+        out = torch.cat([attend(q[:, i:i + block], keys, values, rows[i:i + block]) for i in range(0, rep * T, block)],
+                        dim=1)
+        out = out.view(cfg.n_heads, T, cfg.head_dim).transpose(0, 1).reshape(T, -1)
         return linear((out * torch.sigmoid(gate.float())).to(self.dtype), w.o)
 
     # --- Gated DeltaNet ---------------------------------------------------------------------------------------

@@ -492,9 +492,11 @@ class ContestEntry:
     study: str
     engine: str
     trial: int
+    baseline: bool = False  # llama-fit-params' answer, measured in the final as what the winner has to beat
 
     def label(self) -> str:
-        return f"{self.study} trial {self.trial} ({self.engine})"
+        return f"{self.study} trial {self.trial} ({self.engine}" + (", llama-fit-params' answer)" if self.baseline
+                                                                      else ")")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from autoinfer.engines import base
 from autoinfer.engines.base import Measurement
 from autoinfer.errors import UserError
 from autoinfer.paths import default_storage, results_dir
+from autoinfer.search.fit_baseline import is_fit_trial
 from autoinfer.store import trials as store
 from autoinfer.store.records import Confirmation, ContestEntry, ContestRecord, TrialRecord
 from autoinfer.store.redact import redact_url
@@ -75,14 +76,19 @@ def open_contest_study(contest: Contest, url: str) -> optuna.Study:
 
 def contender_finalists(study: optuna.Study, campaign: Campaign, count: int) -> list[TrialRecord]:
     """A contender's best `count` configurations: its recommendation first (confirmed when its campaign confirmed),
-    then its next-best distinct configurations."""
+    then its next-best distinct configurations; and beside them llama-fit-params' answer where the contender measured
+    one within the budget, so the final says how much faster than llama.cpp's own fit the winner ran."""
     rec = recommend(study)
     if rec is None:
         return []
     chosen = [Store(study).record(rec.trial)]
-    for t in finalists(study, campaign.objective_weights(), count + 1):
+    ranked = finalists(study, campaign.objective_weights(), count + 1)
+    for t in ranked:
         if len(chosen) < count and t.config != chosen[0].config:
             chosen.append(t)
+    baseline = next((t for t in ranked if is_fit_trial(t)), None)
+    if baseline is not None and all(t.config != baseline.config for t in chosen):
+        chosen.append(baseline)
     return chosen
 
 
@@ -99,7 +105,7 @@ def final(contest: Contest, campaigns: list[Campaign], studies: dict[str, optuna
             note(f"contest: {campaign.name} has no feasible successful trial; it is left out of the final")
         for t in chosen:
             configs[len(entries)] = t
-            entries.append(ContestEntry(len(entries), campaign.name, campaign.engine, t.number))
+            entries.append(ContestEntry(len(entries), campaign.name, campaign.engine, t.number, is_fit_trial(t)))
     base_record = ContestRecord(contest.to_json(), tuple(entries), tuple(left_out), after, None)
     if len(entries) < 2:
         note(f"contest: {len(entries)} finalist(s); no final to run")
@@ -109,7 +115,9 @@ def final(contest: Contest, campaigns: list[Campaign], studies: dict[str, optuna
     locks = {c.name: hostlock.for_campaign(c.engine, c.workers.allow_concurrent_on_host, note) for c in campaigns}
     folder = results_dir() / contest.name / "final"
     spec = contest.confirm
-    note(f"contest final: {len(entries)} finalists of {len(campaigns) - len(left_out)} contenders, "
+    baseline = next((e.label() for e in entries if e.baseline), None)
+    note(f"contest final: {len(entries)} finalists of {len(campaigns) - len(left_out)} contenders"
+         + (f" ({baseline} is the baseline)" if baseline else "") + ", "
          f"{spec.rounds} interleaved rounds in fresh processes (up to {spec.max_rounds} while the leaders' ratio "
          f"is wider than ±{spec.precision:.0%})")
 

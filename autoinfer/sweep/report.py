@@ -210,7 +210,8 @@ def print_contest(console: Console, name: str, record: ContestRecord) -> None:
             f" ({f.ci[0]:.2f}–{f.ci[1]:.2f})" if f.ci else "")
         runs = f"{len(f.scores)}/{f.failed_runs}" if f else "—"
         memory = f"{f.memory_kind} {f.memory_mib:.0f} MiB" if f and f.memory_mib is not None else "—"
-        table.add_row(f"{entry.study} trial {entry.trial}", entry.engine, median, runs, memory)
+        table.add_row(f"{entry.study} trial {entry.trial}" + (" (llama-fit-params' answer)" if entry.baseline else ""),
+                      entry.engine, median, runs, memory)
     console.print(table)
     if final is not None:
         console.print(summary(final, record.label), markup=False, highlight=False)

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
 
 from autoinfer.campaign.contest import load_contest
+from autoinfer.campaign.spec import parse_campaign
 from autoinfer.errors import UserError
+from autoinfer.search.fit_baseline import FIT_LABEL
+from autoinfer.store.records import ContestEntry, ContestRecord
 from autoinfer.store.trials import Store
+from autoinfer.sweep.contest import contender_finalists
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -148,3 +154,31 @@ def test_a_contest_ranks_llama_cpp_and_the_reference_engine_in_one_interleaved_f
                            env=env, timeout=600)
     assert again.returncode == 0 and "the stored final stands" in again.stdout
     assert Store(optuna.load_study(study_name="duel", storage=storage)).study_record().contest == record
+
+
+def test_llama_fit_params_answer_joins_the_final_beside_the_contenders_recommendation():
+    """A contender that measured llama-fit-params' answer within the budget brings it to the final as the baseline,
+    whatever its rank, so the final says how much faster than llama.cpp's own fit the winner ran; an answer over the
+    budget is no baseline."""
+    campaign = parse_campaign({"name": "c", "model": "m.gguf"})
+    dist = {"threads": CategoricalDistribution([1, 2, 3, 4])}
+
+    def study_with(fit_outcome: str) -> optuna.Study:
+        study = optuna.create_study(direction="maximize")
+        for threads, tg in ((1, 60.0), (2, 90.0), (3, 95.0), (4, 80.0)):
+            fit = threads == 1
+            study.add_trial(create_trial(
+                params={"threads": threads}, distributions=dist, value=tg, state=TrialState.COMPLETE,
+                user_attrs={"outcome": fit_outcome if fit else "ok", "tg_samples": [tg],
+                            "config": {"model": "m", "threads": threads},
+                            **({"label": f"{FIT_LABEL} for 8192 MiB"} if fit else {})}))
+        return study
+
+    assert [t.number for t in contender_finalists(study_with("ok"), campaign, 1)] == [2, 0]
+    assert [t.number for t in contender_finalists(study_with("ok"), campaign, 2)] == [2, 1, 0]
+    assert [t.number for t in contender_finalists(study_with("infeasible"), campaign, 1)] == [2]
+    entry = ContestEntry(1, "llama", "llama-bench", 0, baseline=True)
+    assert entry.label() == "llama trial 0 (llama-bench, llama-fit-params' answer)"
+    stored = ContestRecord.from_attr({"contest": "{}", "entries": [{"key": 0, "study": "llama", "engine": "llama-bench",
+                                                                    "trial": 3}]})  # before the baseline was
+    assert stored.entries == (ContestEntry(0, "llama", "llama-bench", 3, baseline=False),)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from autoinfer.errors import UserError
+from autoinfer.refengine import model as model_module
 from autoinfer.refengine.engine import ReferenceEngine
 from autoinfer.refengine.options import EngineOptions
 
@@ -37,6 +38,33 @@ def test_static_state_gives_the_dynamic_states_logits(loaded, prompt):
     assert static.layers[3].k.shape[1] == 64 and static.position == dynamic.position == 26
     with pytest.raises(UserError, match="max_context"):
         model.forward(prompt[:40], static)  # 26 + 40 > 64
+
+
+def test_a_prompt_chunk_reads_only_the_filled_positions_in_bounded_blocks(loaded, prompt, monkeypatch):
+    """A static state sized for a serving context (max_context 32768) once made a prompt chunk's scores span every
+    position it could hold: 4.8 GiB above the device plan on an H100. A chunk now reads the positions filled so far,
+    its scores in blocks of query rows of at most SCORES_BLOCK_BYTES, and computes the same logits."""
+    model = ReferenceEngine(*loaded, EngineOptions()).model
+    whole = model.forward(prompt[:20], model.new_state(capacity=8))
+    seen: list[tuple[int, int]] = []
+
+    def spy(q, keys, values, positions):
+        seen.append((q.shape[1], keys.shape[1]))
+        return attend(q, keys, values, positions)
+
+    attend = model_module.attend
+    monkeypatch.setattr(model_module, "attend", spy)
+    cfg = model.cfg
+    monkeypatch.setattr(model_module, "SCORES_BLOCK_BYTES", cfg.n_kv_heads * 20 * 4 * 7)  # 7 rows of 20 keys a block
+    static = model.new_state(capacity=4096, static=True)
+    blocked = model.forward(prompt[:20], static)
+    rows = cfg.n_heads // cfg.n_kv_heads * 20
+    assert seen and {keys for _, keys in seen} == {20} and max(r for r, _ in seen) == 7
+    assert sum(r for r, _ in seen) == rows * sum(1 for layer in static.layers if hasattr(layer, "k"))
+    assert rel(blocked, whole) <= 1e-6
+    seen.clear()
+    model.forward([int(blocked.argmax())], static)  # one token reads the whole buffer under the mask (graph shapes)
+    assert {keys for _, keys in seen} == {4096}
 
 
 def test_reset_and_load_keep_the_static_buffers(loaded, prompt):

@@ -91,8 +91,8 @@ STORED_STUDY = {
     "search_notes": ["no GPU: no llama-fit-params baseline"],
     "pareto_front": [3, 5],
     "contest": {"contest": '{"name": "duel"}', "entries": [
-        {"key": 0, "study": "llama", "engine": "llama-bench", "trial": 3},
-        {"key": 1, "study": "ours", "engine": "reference", "trial": 5}],
+        {"key": 0, "study": "llama", "engine": "llama-bench", "trial": 3, "baseline": False},
+        {"key": 1, "study": "ours", "engine": "reference", "trial": 5, "baseline": False}],
         "left_out": ["third: no feasible successful trial"], "after_trials": {"llama": 12, "ours": 8},
         "final": None},
     "stopped": "trial budget of 12 reached",
