@@ -59,10 +59,11 @@ class ReferenceEngine:
         return cls(cfg, weights, options)
 
     def new_state(self) -> SequenceState:
-        """An empty sequence. With graphs on it is always the same static state, emptied: the decode graph is
-        recorded over its tensors once, so the engine runs one sequence at a time."""
+        """An empty sequence holding max_context positions from the start, so a measured peak holds the context the
+        device plan counts (a dynamic state grows beyond it). With graphs on it is always the same static state,
+        emptied: the decode graph is recorded over its tensors once, so the engine runs one sequence at a time."""
         if not self.options.graphs:
-            return self.model.new_state()
+            return self.model.new_state(self.options.max_context)
         if self.static is None:
             self.static = self.model.new_state(self.options.max_context, static=True)
         else:

@@ -29,7 +29,8 @@ class EngineOptions:
     misses = "cpu" computes an expert-cache miss that one token needs on the host instead of copying the expert.
     norm = "triton" runs each RMSNorm (and the GDN output gate) as one kernel instead of a torch composition.
     graphs replays decode steps from a CUDA graph over one static state of max_context positions; with an expert
-    cache the step looks experts up on the device (prefetch must then be 0)."""
+    cache the step looks experts up on the device (prefetch must then be 0). Without graphs a sequence's state holds
+    max_context positions from the start and grows beyond them."""
 
     device: str = "cpu"
     dtype: str = "fp32"

@@ -39,7 +39,7 @@ def measure(args: argparse.Namespace) -> dict:
     from autoinfer.refengine.timing import random_tokens
 
     options = from_namespace(args)
-    if args.max_context is None:  # a static state (graphs on) holds what this measurement feeds it, no more
+    if args.max_context is None:  # the state holds what this measurement feeds it (a static one no more)
         options = dataclasses.replace(options, max_context=max(args.n_prompt + 1, args.n_gen, 1))
     options.check()
     started = time.perf_counter()

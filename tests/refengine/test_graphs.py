@@ -67,6 +67,18 @@ def test_a_prompt_chunk_reads_only_the_filled_positions_in_bounded_blocks(loaded
     assert {keys for _, keys in seen} == {4096}
 
 
+def test_without_graphs_a_state_holds_max_context_positions_from_the_start(loaded, prompt):
+    """The device plan counts the state at max_context (the serving context a campaign sets) and the measured peak
+    decides a trial: a dynamic state that grew only as far as the measurement's prompt left the context out of it."""
+    engine = ReferenceEngine(*loaded, EngineOptions(max_context=300))
+    state = engine.new_state()
+    caches = [layer for layer in state.layers if hasattr(layer, "k")]
+    assert caches and all(c.k.shape[1] == 300 and not c.static for c in caches)
+    logits, state = engine.prefill(prompt[:20], state)
+    assert rel(logits, engine.model.forward(prompt[:20], engine.model.new_state(capacity=8))) <= 1e-6
+    assert all(c.k.shape[1] == 300 for c in caches) and state.position == 20
+
+
 def test_reset_and_load_keep_the_static_buffers(loaded, prompt):
     model = ReferenceEngine(*loaded, EngineOptions()).model
     static = model.new_state(capacity=64, static=True)
