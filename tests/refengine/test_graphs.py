@@ -85,6 +85,8 @@ def test_reset_and_load_keep_the_static_buffers(loaded, prompt):
     buffers = [t.data_ptr() for layer in static.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     model.forward(prompt[:10], static)
     snapshot = static.clone()
+    kv = [layer for layer in snapshot.layers if hasattr(layer, "k")]
+    assert kv and all(c.k.shape[1] == 10 and not c.static for c in kv)  # the filled positions, not 64 of capacity
     static.reset_()
     assert static.position == 0 and not static.tokens
     static.load_(snapshot)
