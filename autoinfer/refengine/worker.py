@@ -53,6 +53,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "pp_samples": samples.pp, "tg_samples": samples.tg, "engine_s": samples.engine_s, "load_s": load_s,
         "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        # what the caching allocator held at most: NVML's peak above it is the CUDA context and kernels, not tensors
+        "device_reserved_peak_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")
