@@ -209,7 +209,8 @@ def print_contest(console: Console, name: str, record: ContestRecord) -> None:
         median = "—" if f is None or f.median is None else f"{f.median:.2f}" + (
             f" ({f.ci[0]:.2f}–{f.ci[1]:.2f})" if f.ci else "")
         runs = f"{len(f.scores)}/{f.failed_runs}" if f else "—"
-        memory = f"{f.memory_kind} {f.memory_mib:.0f} MiB" if f and f.memory_mib is not None else "—"
+        memory = "—" if f is None or f.memory_mib is None else f"{f.memory_kind} {f.memory_mib:.0f} MiB" + (
+            f" + {f.context_mib:.0f} at the serving context" if f.context_mib else "")
         table.add_row(f"{entry.study} trial {entry.trial}" + (" (llama-fit-params' answer)" if entry.baseline else ""),
                       entry.engine, median, runs, memory)
     console.print(table)

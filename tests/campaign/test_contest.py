@@ -13,14 +13,17 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
+from rich.console import Console
 
 from autoinfer.campaign.contest import load_contest
 from autoinfer.campaign.spec import parse_campaign
 from autoinfer.errors import UserError
 from autoinfer.search.fit_baseline import FIT_LABEL
-from autoinfer.store.records import ContestEntry, ContestRecord
+from autoinfer.store.records import ConfirmRun, ContestEntry, ContestRecord
 from autoinfer.store.trials import Store
+from autoinfer.sweep.confirm import judge
 from autoinfer.sweep.contest import contender_finalists
+from autoinfer.sweep.report import print_contest
 
 CLI = [sys.executable, "-c", "from autoinfer.cli import main; main()"]
 
@@ -182,3 +185,20 @@ def test_llama_fit_params_answer_joins_the_final_beside_the_contenders_recommend
     stored = ContestRecord.from_attr({"contest": "{}", "entries": [{"key": 0, "study": "llama", "engine": "llama-bench",
                                                                     "trial": 3}]})  # before the baseline was
     assert stored.entries == (ContestEntry(0, "llama", "llama-bench", 3, baseline=False),)
+
+
+def test_the_final_names_the_baseline_and_counts_the_serving_context_as_the_budget_does():
+    """The final's table and lines name llama-fit-params' answer, and each finalist's memory says what the serving
+    context adds to its measured peak (what the budget counted), as the recommendation's headline does."""
+    entries = (ContestEntry(0, "ours", "reference", 5), ContestEntry(1, "llama", "llama-bench", 1, baseline=True))
+    runs = [ConfirmRun(r, key, "ok", "", tg, (tg,), (), 7400.0 + key, None, False)
+            for r in range(5) for key, tg in ((0, 110.0 + r), (1, 70.0 + r))]
+    final = judge({0: {}, 1: {}}, runs, 5, parse_campaign({"name": "c", "model": "m.gguf"}).confirm, {"tg": 1.0},
+                  None, lambda k: entries[k].label(), side="device", context={0: None, 1: 656.2})
+    console = Console(record=True, width=250)
+    print_contest(console, "duel", ContestRecord("{}", entries, (), {}, final))
+    said = " ".join(console.export_text().split())
+    assert "llama trial 1 (llama-fit-params' answer)" in said
+    assert "vram 7401 MiB + 656 at the serving context" in said and "vram 7400 MiB │" in said
+    assert ("ours trial 5 (reference) ran 1.5" in said
+            and "times faster than llama trial 1 (llama-bench, llama-fit-params' answer)" in said)
