@@ -114,6 +114,17 @@ def test_the_ratio_line_says_when_the_runs_were_too_few_to_differ(fast, slow, ta
     assert line.startswith("  trial 0 ran") and line.endswith("times faster than trial 1" + (" " + tail if tail else ""))
 
 
+def test_prompt_speed_is_said_beside_a_decode_objective_and_only_there():
+    """A decode objective leaves the prompt out of the verdict; the lines say what the leader trades for it."""
+    runs = [ConfirmRun(r, n, "ok", "", x, (x,), (pp,), 1000.0, 1000.0, False)
+            for n, x, pp in ((0, 80.0, 300.0), (1, 70.0, 600.0)) for r in range(5)]
+    spec = _campaign(confirm={"test": "mannwhitney"}).confirm
+    decode = summary(judge({0: {}, 1: {}}, runs, 5, spec, {"tg": 1.0}, None)).splitlines()
+    assert decode[-1] == "    prompt processing (not in the objective): 300 against 600 tok/s, 0.50x"
+    assert decode[-2].startswith("  trial 0 ran 1.14")
+    assert "prompt processing" not in summary(judge({0: {}, 1: {}}, runs, 5, spec, {"tg": 1.0, "pp": 0.1}, None))
+
+
 def test_the_default_paired_test_compares_round_by_round_and_a_drift_cancels():
     """Both finalists drift up 30% over five rounds and 0 runs 5% faster in each: as two samples the drift hides it
     (Mann-Whitney), round by round it is told apart, the ratio the rounds' geometric mean. A round where one of them
