@@ -32,8 +32,8 @@ from autoinfer.refengine.state import GdnState, KVCache, SequenceState
 
 L2_EPS = 1e-6  # q/k L2 norm of the GDN layers (as in the FLA kernels and HF)
 # A prompt chunk's attention scores (fp32) are computed in blocks of query rows no larger than this. Whole, they grow
-# with the keys held: at a 32768-token static state one 512-token chunk's were 1 GiB, with two more copies for the mask
-# and softmax, and the process peaked 4.8 GiB above its device plan on an H100 (11514 MiB for budget_mib 6656).
+# with the keys held: at a 32768-token static state one 512-token chunk's were 1 GiB, with more copies for the mask and
+# softmax (benchmarks/results/contest-h100-ctx32768.md: peaks 4.7 GiB above the device plan on an H100).
 SCORES_BLOCK_BYTES = 64 * 2**20
 
 

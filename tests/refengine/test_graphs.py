@@ -42,8 +42,9 @@ def test_static_state_gives_the_dynamic_states_logits(loaded, prompt):
 
 def test_a_prompt_chunk_reads_only_the_filled_positions_in_bounded_blocks(loaded, prompt, monkeypatch):
     """A static state sized for a serving context (max_context 32768) once made a prompt chunk's scores span every
-    position it could hold: 4.8 GiB above the device plan on an H100. A chunk now reads the positions filled so far,
-    its scores in blocks of query rows of at most SCORES_BLOCK_BYTES, and computes the same logits."""
+    position it could hold (with the recording's copy of the state, peaks 4.7 GiB above the device plan on an H100).
+    A chunk now reads the positions filled so far, its scores in blocks of query rows of at most SCORES_BLOCK_BYTES,
+    and computes the same logits."""
     model = ReferenceEngine(*loaded, EngineOptions()).model
     whole = model.forward(prompt[:20], model.new_state(capacity=8))
     seen: list[tuple[int, int]] = []
