@@ -7,12 +7,14 @@
 #       .carry/llama-src.tar.xz (the pinned llama.cpp source as `autoinfer build` keeps it, trimmed to the build's
 #       inputs, ~8 MB).
 # run:  the wheels, the source and a CUDA build (gpu_host.sh deps source build, ~5 minutes on 16 cores) with the 35B
-#       stand-in synthesized beside it, then each of STEPS as its own gpu_evidence.sh run into OUT (/tmp/ev), a
-#       line "step S rc N" after each and "evidence rc 0" at the end. The host's GPU, CPU model and flags
-#       (AVX-512, AMX) go to OUT/host.txt first: results of hosts of one kind differ, so each table names its host.
+#       stand-in synthesized beside it, then each of STEPS as its own gpu_evidence.sh run into EVIDENCE_OUT
+#       (/tmp/ev), a line "step S rc N" after each and "evidence rc 0" at the end. The host's GPU, CPU model and flags
+#       (AVX-512, AMX) go to host.txt there first: results of hosts of one kind differ, so each table names its host.
+#       Not OUT: a run started in the background outlives the command that started it, and a folder that command's
+#       runner collects may go read-only under it (a contest's database did, mid-sweep).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-export OUT=${OUT:-/tmp/ev}
+export OUT=${EVIDENCE_OUT:-/tmp/ev}
 case "${1:-}" in
   pack)
     mkdir -p .carry/whl

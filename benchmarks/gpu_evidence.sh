@@ -177,11 +177,13 @@ for step in "$@"; do
       done
       sed -e "s|^confirm:.*|confirm: {rounds: ${CONTEST_ROUNDS:-3}, max_rounds: 5, precision: 0.03}|" \
         experiments/contest-8gb.yaml > "$MODELS/contest/contest-8gb.yaml"
-      export AUTOINFER_RESULTS="$OUT/contest-results" COLUMNS=200
+      export AUTOINFER_RESULTS="$MODELS/contest-results" COLUMNS=200  # its trial folders stay on the host
       ai sweep "$MODELS/contest/contest-8gb.yaml" --quiet 2>&1 | tee "$OUT/contest.log"
       ai status --study qwen35moe-8gb > "$OUT/contest-llama-status.txt" 2>&1
       ai status --study refengine-8gb > "$OUT/contest-refengine-status.txt" 2>&1
+      ai status --study contest-8gb > "$OUT/contest-status.txt" 2>&1
       ai export --format bench > "$OUT/contest-winner.sh"
+      cp "$AUTOINFER_RESULTS/autoinfer.db" "$OUT/contest.db"
       ;;
     multigpu)
       python3 -m pytest -q -p no:cacheprovider tests/worker/test_multi_gpu_device.py 2>&1 | tee "$OUT/multi-gpu-tests.txt"
