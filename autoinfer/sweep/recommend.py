@@ -175,8 +175,9 @@ def decide(runs: Sequence[Run], record: Confirmation | None, keys: dict[int, str
     if not configs:
         return None
     top = configs[0]
-    alt = lighter_alternative({c.trial: c.speed for c in configs}, {c.trial: counted_memory(c.memory_mib, c.context_mib) for c in configs},
-                              top.trial, memory_tolerance, {c.trial: c.context_mib for c in configs if c.context_mib})
+    counted = {c.trial: counted_memory(c.memory_mib, c.context_mib) for c in configs}
+    alt = lighter_alternative({c.trial: c.speed for c in configs}, counted, top.trial, memory_tolerance,
+                              {c.trial: c.context_mib for c in configs if c.context_mib})
     return Recommendation(
         top.trial, configs_of[top.trial], top.speed, _ci(top), len(top.scores), top.memory_mib,
         top.memory_kind, False,
