@@ -483,6 +483,9 @@ class Confirmation:
 # ----------------------------------------------------------------------------------------------- a contest
 
 
+FIT_ANSWER = "llama-fit-params' answer"  # how a finalist that is llama.cpp's own fit is named beside its trial
+
+
 @dataclass(frozen=True)
 class ContestEntry:
     """One configuration in a contest's final: a trial of a contender's study, and the engine that ran it. `key` is
@@ -495,8 +498,7 @@ class ContestEntry:
     baseline: bool = False  # llama-fit-params' answer, measured in the final as what the winner has to beat
 
     def label(self) -> str:
-        return f"{self.study} trial {self.trial} ({self.engine}" + (", llama-fit-params' answer)" if self.baseline
-                                                                      else ")")
+        return f"{self.study} trial {self.trial} ({self.engine}" + (f", {FIT_ANSWER})" if self.baseline else ")")
 
 
 @dataclass(frozen=True)

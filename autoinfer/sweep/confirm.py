@@ -35,6 +35,7 @@ from autoinfer.paths import results_dir
 from autoinfer.search.fit_baseline import is_fit_trial
 from autoinfer.store import trials as store
 from autoinfer.store.records import (
+    FIT_ANSWER,
     Alternative,
     Confirmation,
     ConfirmRun,
@@ -115,7 +116,7 @@ def finalists(study: optuna.Study, weights: dict[str, float], top_k: int) -> lis
 def finalist_label(chosen: dict[int, TrialRecord]) -> Callable[[int], str]:
     """Names a finalist, the llama-fit-params baseline and the leader's host-buffer twins as such (`chosen` in the
     order finalists() gives, the leader first)."""
-    notes = {n: " (llama-fit-params' answer)" for n, t in chosen.items() if is_fit_trial(t)}
+    notes = {n: f" ({FIT_ANSWER})" for n, t in chosen.items() if is_fit_trial(t)}
     for t in leader_twins(chosen):
         held = ", ".join(f"{k} {v}" for k, v in zip(HOST_BUFFER_KNOBS, _host_buffer(t.config)) if v is not None)
         notes[t.number] = notes.get(t.number, "") + f" (trial {next(iter(chosen))} with {held})"

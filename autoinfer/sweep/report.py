@@ -14,7 +14,7 @@ from autoinfer.engines.base import capabilities
 from autoinfer.export.formats import render
 from autoinfer.search.pareto import prompt_alternative
 from autoinfer.search.status import status_rows
-from autoinfer.store.records import Confirmation, ContestRecord, DeploymentCheck, TrialRecord
+from autoinfer.store.records import FIT_ANSWER, Confirmation, ContestRecord, DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
 from autoinfer.sweep import deploy
 from autoinfer.sweep.confirm import finalists, stored_summary, summary
@@ -211,7 +211,7 @@ def print_contest(console: Console, name: str, record: ContestRecord) -> None:
         runs = f"{len(f.scores)}/{f.failed_runs}" if f else "—"
         memory = "—" if f is None or f.memory_mib is None else f"{f.memory_kind} {f.memory_mib:.0f} MiB" + (
             f" + {f.context_mib:.0f} at the serving context" if f.context_mib else "")
-        table.add_row(f"{entry.study} trial {entry.trial}" + (" (llama-fit-params' answer)" if entry.baseline else ""),
+        table.add_row(f"{entry.study} trial {entry.trial}" + (f" ({FIT_ANSWER})" if entry.baseline else ""),
                       entry.engine, median, runs, memory)
     console.print(table)
     if final is not None:
