@@ -34,6 +34,9 @@
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
+#       refcontext (the reference engine as refengine-8gb.yaml runs it, at a 32768-token serving context, one process
+#       per budget_mib in REF_BUDGETS: its JSON line (torch's peaks, expert-cache hits) and NVML's memory.used
+#       sampled every 100 ms),
 #       contest (experiments/contest-8gb.yaml shortened: each contender CONTEST_TRIALS trials without its own
 #       confirmation or drift anchor, then the interleaved final between llama.cpp's and the reference engine's best),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
@@ -167,6 +170,20 @@ for step in "$@"; do
         tests/refengine/test_quant_engine.py 2>&1 | tee "$OUT/refengine-gpu-tests.txt"
       python3 benchmarks/refengine_bench.py --out "$OUT/refengine" $([ -f "$BIG" ] && echo --model-35b "$BIG") \
         ${LLAMA_BUDGET_ARGS:+--llama-budget-args "$LLAMA_BUDGET_ARGS"}
+      ;;
+    refcontext)  # the reference engine at the serving context: its peaks per budget_mib in REF_BUDGETS
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits > "$OUT/refcontext-idle.txt"
+      for budget in ${REF_BUDGETS:-5632 6656 7680}; do
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/refcontext-nvml-$budget.txt" &
+        sampler=$!
+        rc=0
+        python3 -m autoinfer.refengine.worker --model "$BIG" --device cuda --dtype bf16 --weights gguf --moe fused \
+          --gdn triton_chunk --norm triton --budget-mib "$budget" --cache-policy lru --graphs on --prefetch 0 \
+          --max-context 32768 --n-prompt 512 --n-gen 64 > "$OUT/refcontext-$budget.json" \
+          2> "$OUT/refcontext-$budget.err" || rc=$?
+        kill "$sampler"
+        echo "budget_mib $budget rc $rc nvml peak $(sort -n "$OUT/refcontext-nvml-$budget.txt" | tail -1) MiB"
+      done
       ;;
     contest)
       mkdir -p "$MODELS/contest"
