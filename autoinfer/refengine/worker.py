@@ -42,19 +42,25 @@ def measure(args: argparse.Namespace) -> dict:
     if args.max_context is None:  # the state holds what this measurement feeds it (a static one no more)
         options = dataclasses.replace(options, max_context=max(args.n_prompt + 1, args.n_gen, 1))
     options.check()
+    cuda = options.device == "cuda"
+    used_at_start = _device_used_mib() if cuda else None  # the CUDA context, before any tensor
     started = time.perf_counter()
     engine = ReferenceEngine.from_gguf(args.model, options)
     engine.sync()
     load_s = time.perf_counter() - started
     samples = measure_engine(engine, args.n_prompt, args.n_gen, args.repetitions,
                              random_tokens(engine.cfg.vocab, args.seed))
-    cuda = options.device == "cuda"
     x = torch.zeros(1, engine.cfg.hidden, dtype=engine.model.dtype, device=engine.model.device)
     return {
         "pp_samples": samples.pp, "tg_samples": samples.tg, "engine_s": samples.engine_s, "load_s": load_s,
         "device_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         # what the caching allocator held at most: NVML's peak above it is the CUDA context and kernels, not tensors
         "device_reserved_peak_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
+        # the device's memory in use at the start and the end, and the allocator's share at the end: what the end
+        # holds beyond the start and the allocator is loaded kernels and local memory, which no torch counter sees
+        "device_used_at_start_mib": used_at_start,
+        "device_used_at_end_mib": _device_used_mib() if cuda else None,
+        "device_reserved_at_end_mib": torch.cuda.memory_reserved() / 2**20 if cuda else None,
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")
@@ -62,6 +68,14 @@ def measure(args: argparse.Namespace) -> dict:
         "weights": options.weights, "graphs": options.graphs,
         **engine.stats(),
     }
+
+
+def _device_used_mib() -> float:
+    """Memory in use on the device (every process's), as the driver reports it."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
