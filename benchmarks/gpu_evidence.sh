@@ -34,8 +34,8 @@
 #       overhead (harness vs plain llama-bench), sweep (a short informed campaign within 8 GiB),
 #       refengine (the reference engine's GPU tests, then benchmarks/refengine_bench.py: vs llama-bench on the
 #       small and 35B models, all on the GPU and within 8 GiB),
-#       refcontext (the reference engine as refengine-8gb.yaml runs it, at a 32768-token serving context, one process
-#       per budget_mib in REF_BUDGETS: its JSON line (torch's peaks, the device's memory in use at its start and end
+#       refcontext (the reference engine in refengine-8gb.yaml's space (triton_chunk, lru), at a 32768-token serving
+#       context, one process per budget_mib in REF_BUDGETS: its JSON line (torch's peaks, the device's memory in use at its start and end
 #       beside the allocator's share, expert-cache hits) and NVML's memory.used sampled every 100 ms),
 #       contest (experiments/contest-8gb.yaml shortened: each contender CONTEST_TRIALS trials without its own
 #       confirmation or drift anchor, then the interleaved final between llama.cpp's and the reference engine's best),
@@ -181,7 +181,7 @@ for step in "$@"; do
           --gdn triton_chunk --norm triton --budget-mib "$budget" --cache-policy lru --graphs on --prefetch 0 \
           --max-context 32768 --n-prompt 512 --n-gen 64 > "$OUT/refcontext-$budget.json" \
           2> "$OUT/refcontext-$budget.err" || rc=$?
-        kill "$sampler"
+        kill "$sampler" || true
         echo "budget_mib $budget rc $rc nvml peak $(sort -n "$OUT/refcontext-nvml-$budget.txt" | tail -1) MiB"
       done
       ;;
