@@ -27,9 +27,12 @@ TARGET = GPUTarget("cuda", 90, 32)
 _INTS_ALIGNED = {"row_bytes", "x_stride", "out_stride", "N"}  # multiples of 16 for the model's shapes
 
 
-def compile_kernel(kernel, pointers: dict[str, str], constants: dict, warps: int, stages: int = 3):
-    """Compile for sm_90 with every pointer (and the row strides) marked 16-byte divisible, as at run time."""
-    signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in kernel.arg_names}
+def compile_kernel(kernel, pointers: dict[str, str], constants: dict, warps: int, stages: int = 3,
+                   floats: tuple[str, ...] = ()):
+    """Compile for sm_90 with every pointer (and the row strides) marked 16-byte divisible, as at run time; the
+    scalars named in `floats` are fp32, the others i32."""
+    signature = {name: pointers.get(name, "constexpr" if name in constants else "fp32" if name in floats else "i32")
+                 for name in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
              if name in pointers or name in _INTS_ALIGNED}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
@@ -110,10 +113,50 @@ def gdn_rows() -> list[tuple[str, str]]:
     return out
 
 
+def step_rows() -> list[tuple[str, str]]:
+    """The rest of a decode step at the 35B-A3B's shapes and the tiles they launch with on a GPU: attention over the
+    KV cache (16 splits), routing, the norms and the expert cache's fetch. A stack frame costs local memory for
+    every thread the device can hold (2048 per multiprocessor), so a spill here would show in NVML, not in torch."""
+    from autoinfer.refengine.cache import fetch
+    from autoinfer.refengine.ops.attention import triton_decode as attn
+    from autoinfer.refengine.ops.norm import triton_norm as norm
+    from autoinfer.refengine.ops.route.triton_route import _logits_kernel, _topk_kernel
+
+    def ptrs(kernel, **types: str) -> dict[str, str]:
+        return {name: types.get(name, "*fp32") for name in kernel.arg_names
+                if name.endswith("_ptr") or name in types or name in ("q_out", "g_src", "u_src", "d_src", "g_dst",
+                                                                        "u_dst", "d_dst")}
+
+    cases = (
+        ("attention decode _qk_kernel D=256", attn._qk_kernel,
+         ptrs(attn._qk_kernel, qg_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", ck_ptr="*bf16",
+              cv_ptr="*bf16"), dict(D=256, HALF=32), ("eps",)),
+        ("attention decode _split_kernel D=256, 16 splits", attn._split_kernel,
+         ptrs(attn._split_kernel, ck_ptr="*bf16", cv_ptr="*bf16", pos_ptr="*i64"),
+         dict(REP=8, D=256, BS=32, SPLITS=16), ("scale",)),
+        ("attention decode _combine_kernel D=256, 16 splits", attn._combine_kernel,
+         ptrs(attn._combine_kernel, qg_ptr="*bf16", out_ptr="*bf16"), dict(D=256, SPLITS=16), ()),
+        ("route _logits_kernel 256 experts (BN 2)", _logits_kernel, ptrs(_logits_kernel, x_ptr="*bf16"),
+         dict(BN=2, BE=512), ()),
+        ("route _topk_kernel top 8 of 256", _topk_kernel,
+         ptrs(_topk_kernel, expert_ptr="*i64"), dict(K=8, KP=8, BLOCK=256), ()),
+        ("norm _rms_norm_kernel 2048", norm._rms_norm_kernel,
+         ptrs(norm._rms_norm_kernel, x_ptr="*bf16", out_ptr="*bf16"), dict(GATED=False, BLOCK=2048), ("eps",)),
+        ("norm _add_rms_norm_kernel 2048", norm._add_rms_norm_kernel,
+         ptrs(norm._add_rms_norm_kernel, x_ptr="*bf16", u_ptr="*bf16", h_ptr="*bf16", out_ptr="*bf16"),
+         dict(SHARED=True, BLOCK=2048), ("eps",)),
+        ("expert cache _fetch_kernel (8 experts, 64 KiB a program)", fetch._fetch_kernel,
+         ptrs(fetch._fetch_kernel, expert_ptr="*i64", table_ptr="*i32", spare_ptr="*i64", rows_ptr="*i64",
+              log_ptr="*i64", **{n: "*i32" for n in ("g_src", "u_src", "d_src", "g_dst", "u_dst", "d_dst")}),
+         dict(KP=8, CHUNK=16384, BLOCK=1024), ()))
+    return [(what, report(compile_kernel(kernel, pointers, constants, 4, floats=floats)))
+            for what, kernel, pointers, constants, floats in cases]
+
+
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: this compiles the kernels for sm_90")
-    for what, line in gemv_rows() + gemm_rows() + gdn_rows():
+    for what, line in gemv_rows() + gemm_rows() + gdn_rows() + step_rows():
         print(f"{what}: {line}", flush=True)
 
 
