@@ -124,8 +124,7 @@ def step_rows() -> list[tuple[str, str]]:
 
     def ptrs(kernel, **types: str) -> dict[str, str]:
         return {name: types.get(name, "*fp32") for name in kernel.arg_names
-                if name.endswith("_ptr") or name in types or name in ("q_out", "g_src", "u_src", "d_src", "g_dst",
-                                                                        "u_dst", "d_dst")}
+                if name.endswith("_ptr") or name in types or name == "q_out"}
 
     cases = (
         ("attention decode _qk_kernel D=256", attn._qk_kernel,
@@ -146,7 +145,7 @@ def step_rows() -> list[tuple[str, str]]:
          ptrs(norm._add_rms_norm_kernel, x_ptr="*bf16", u_ptr="*bf16", h_ptr="*bf16", out_ptr="*bf16"),
          dict(SHARED=True, BLOCK=2048), ("eps",)),
         ("expert cache _fetch_kernel (8 experts, 64 KiB a program)", fetch._fetch_kernel,
-         ptrs(fetch._fetch_kernel, expert_ptr="*i64", table_ptr="*i32", spare_ptr="*i64", rows_ptr="*i64",
+         ptrs(fetch._fetch_kernel, expert_ptr="*i64", table_ptr="*i32", spare_ptr="*i32", rows_ptr="*i64",
               log_ptr="*i64", **{n: "*i32" for n in ("g_src", "u_src", "d_src", "g_dst", "u_dst", "d_dst")}),
          dict(KP=8, CHUNK=16384, BLOCK=1024), ()))
     return [(what, report(compile_kernel(kernel, pointers, constants, 4, floats=floats)))
