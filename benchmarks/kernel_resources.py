@@ -39,6 +39,11 @@ def compile_kernel(kernel, pointers: dict[str, str], constants: dict, warps: int
     return triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
 
 
+def pointer_types(kernel, **types: str) -> dict[str, str]:
+    """fp32 for every `*_ptr` argument of `kernel`, but the types given (which may also name other arguments)."""
+    return {name: types.get(name, "*fp32") for name in kernel.arg_names if name.endswith("_ptr") or name in types}
+
+
 def report(compiled) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as fh:
@@ -99,16 +104,14 @@ def gemm_rows() -> list[tuple[str, str]]:
 def gdn_rows() -> list[tuple[str, str]]:
     from autoinfer.refengine.ops.gdn import fused_decode
 
-    pointers = {name: "*fp32" for name in fused_decode._decode_kernel.arg_names if name.endswith("_ptr")}
-    pointers["qkv_ptr"] = pointers["b_ptr"] = pointers["alpha_ptr"] = "*bf16"
+    pointers = pointer_types(fused_decode._decode_kernel, qkv_ptr="*bf16", b_ptr="*bf16", alpha_ptr="*bf16")
     compiled = compile_kernel(fused_decode._decode_kernel, pointers, dict(KW=4, DK=128, DV=128, BV=32), 4)
     out = [("gdn fused decode step dk=dv=128", report(compiled))]
     for kernel, constants, stages in (
             (triton_chunk._prepare_kernel, dict(DK=128, DV=128, C=64, BK=64), 3),
             (triton_chunk._state_kernel, dict(DK=128, DV=128, C=64, BV=32), 1),
             (triton_chunk._output_kernel, dict(DK=128, DV=128, C=64, BK=64, BV=64), 2)):
-        pointers = {name: "*fp32" for name in kernel.arg_names if name.endswith("_ptr") or name in ("s_in", "s_out")}
-        compiled = compile_kernel(kernel, pointers, constants, 4, stages)
+        compiled = compile_kernel(kernel, pointer_types(kernel, s_in="*fp32", s_out="*fp32"), constants, 4, stages)
         out.append((f"gdn triton_chunk {kernel.fn.__name__} dk=dv=128", report(compiled)))
     return out
 
@@ -122,31 +125,28 @@ def step_rows() -> list[tuple[str, str]]:
     from autoinfer.refengine.ops.norm import triton_norm as norm
     from autoinfer.refengine.ops.route.triton_route import _logits_kernel, _topk_kernel
 
-    def ptrs(kernel, **types: str) -> dict[str, str]:
-        return {name: types.get(name, "*fp32") for name in kernel.arg_names
-                if name.endswith("_ptr") or name in types or name == "q_out"}
-
     cases = (
         ("attention decode _qk_kernel D=256", attn._qk_kernel,
-         ptrs(attn._qk_kernel, qg_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", ck_ptr="*bf16",
-              cv_ptr="*bf16"), dict(D=256, HALF=32), ("eps",)),
+         pointer_types(attn._qk_kernel, qg_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64",
+                       q_out="*fp32", ck_ptr="*bf16", cv_ptr="*bf16"), dict(D=256, HALF=32), ("eps",)),
         ("attention decode _split_kernel D=256, 16 splits", attn._split_kernel,
-         ptrs(attn._split_kernel, ck_ptr="*bf16", cv_ptr="*bf16", pos_ptr="*i64"),
+         pointer_types(attn._split_kernel, ck_ptr="*bf16", cv_ptr="*bf16", pos_ptr="*i64"),
          dict(REP=8, D=256, BS=32, SPLITS=16), ("scale",)),
         ("attention decode _combine_kernel D=256, 16 splits", attn._combine_kernel,
-         ptrs(attn._combine_kernel, qg_ptr="*bf16", out_ptr="*bf16"), dict(D=256, SPLITS=16), ()),
-        ("route _logits_kernel 256 experts (BN 2)", _logits_kernel, ptrs(_logits_kernel, x_ptr="*bf16"),
+         pointer_types(attn._combine_kernel, qg_ptr="*bf16", out_ptr="*bf16"), dict(D=256, SPLITS=16), ()),
+        ("route _logits_kernel 256 experts (BN 2)", _logits_kernel, pointer_types(_logits_kernel, x_ptr="*bf16"),
          dict(BN=2, BE=512), ()),
         ("route _topk_kernel top 8 of 256", _topk_kernel,
-         ptrs(_topk_kernel, expert_ptr="*i64"), dict(K=8, KP=8, BLOCK=256), ()),
+         pointer_types(_topk_kernel, expert_ptr="*i64"), dict(K=8, KP=8, BLOCK=256), ()),
         ("norm _rms_norm_kernel 2048", norm._rms_norm_kernel,
-         ptrs(norm._rms_norm_kernel, x_ptr="*bf16", out_ptr="*bf16"), dict(GATED=False, BLOCK=2048), ("eps",)),
+         pointer_types(norm._rms_norm_kernel, x_ptr="*bf16", out_ptr="*bf16"), dict(GATED=False, BLOCK=2048), ("eps",)),
         ("norm _add_rms_norm_kernel 2048", norm._add_rms_norm_kernel,
-         ptrs(norm._add_rms_norm_kernel, x_ptr="*bf16", u_ptr="*bf16", h_ptr="*bf16", out_ptr="*bf16"),
+         pointer_types(norm._add_rms_norm_kernel, x_ptr="*bf16", u_ptr="*bf16", h_ptr="*bf16", out_ptr="*bf16"),
          dict(SHARED=True, BLOCK=2048), ("eps",)),
         ("expert cache _fetch_kernel (8 experts, 64 KiB a program)", fetch._fetch_kernel,
-         ptrs(fetch._fetch_kernel, expert_ptr="*i64", table_ptr="*i32", spare_ptr="*i32", rows_ptr="*i64",
-              log_ptr="*i64", **{n: "*i32" for n in ("g_src", "u_src", "d_src", "g_dst", "u_dst", "d_dst")}),
+         pointer_types(fetch._fetch_kernel, expert_ptr="*i64", table_ptr="*i32", spare_ptr="*i32",
+                       rows_ptr="*i64", log_ptr="*i64",
+                       **{n: "*i32" for n in ("g_src", "u_src", "d_src", "g_dst", "u_dst", "d_dst")}),
          dict(KP=8, CHUNK=16384, BLOCK=1024), ()))
     return [(what, report(compile_kernel(kernel, pointers, constants, 4, floats=floats)))
             for what, kernel, pointers, constants, floats in cases]
