@@ -36,7 +36,8 @@
 #       small and 35B models, all on the GPU and within 8 GiB),
 #       refcontext (the reference engine in refengine-8gb.yaml's space (triton_chunk, lru), at a 32768-token serving
 #       context, one process per budget_mib in REF_BUDGETS: its JSON line (torch's peaks, the device's memory in use
-#       at its start and end beside the allocator's share, expert-cache hits) and NVML's memory.used every 100 ms),
+#       at its start and end beside the allocator's share, expert-cache hits) and NVML's memory.used every 100 ms;
+#       benchmarks/refcontext_report.py prints the table),
 #       contest (experiments/contest-8gb.yaml shortened: each contender CONTEST_TRIALS trials without its own
 #       confirmation or drift anchor, then the interleaved final between llama.cpp's and the reference engine's best),
 #       multigpu (two GPUs: the device tests, split modes and expert splits per GPU),
