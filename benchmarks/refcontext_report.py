@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -27,10 +26,8 @@ from autoinfer.measure.stats import Comparison, compare, compare_paired
 def budget_rows(folder: Path) -> list[str]:
     """One table row per `refcontext-<budget_mib>.json` in the folder, by budget."""
     rows = []
-    files = sorted(folder.glob("refcontext-[0-9]*.json"), key=lambda p: int(re.findall(r"\d+", p.stem)[0]))
-    for path in files:
-        budget = int(re.findall(r"\d+", path.stem)[0])
-        d = json.loads(path.read_text())
+    for budget in sorted(int(p.stem.split("-")[1]) for p in folder.glob("refcontext-[0-9]*.json")):
+        d = json.loads((folder / f"refcontext-{budget}.json").read_text())
         nvml = [int(x) for x in (folder / f"refcontext-nvml-{budget}.txt").read_text().split()]
         start, end = d["device_used_at_start_mib"], d["device_used_at_end_mib"]
         neither = end - start - d["device_reserved_at_end_mib"]
@@ -59,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
-    rows = budget_rows(args.folder)
+    final = args.folder / "final-fit.jsonl"
+    try:
+        rows = budget_rows(args.folder)
+        scores = final_scores(args.folder) if final.exists() else None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a missing file, a cut line, a CPU run's None fields
+        print(f"error: cannot read the run in {args.folder} ({e.__class__.__name__}: {e}): run gpu_evidence.sh "
+              "refcontext on a GPU with OUT set to it", file=sys.stderr)
+        return 2
     if not rows:
         print(f"error: no refcontext-<budget_mib>.json in {args.folder}: run gpu_evidence.sh refcontext with OUT "
               "set to it", file=sys.stderr)
@@ -68,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
           "(above budget_mib) | expert hit rate |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    if (args.folder / "final-fit.jsonl").exists():
-        scores = final_scores(args.folder)
+    if scores is not None:
         ref, fit = scores["reference"], scores["llama.cpp"]
         if len(ref["tg"]) != len(fit["tg"]):
             print(f"error: {len(ref['tg'])} reference runs against {len(fit['tg'])} llama.cpp runs: a round is "

@@ -54,3 +54,7 @@ def test_the_final_pairs_each_round_and_refuses_a_round_without_both_sides(repor
 def test_a_folder_without_the_step_s_files_is_a_one_line_error(report_main, capsys, tmp_path):
     assert report_main([str(tmp_path)]) == 2
     assert "run gpu_evidence.sh refcontext" in capsys.readouterr().err
+    shutil.copy(RUN / "refcontext-5632.json", tmp_path)  # its NVML samples missing
+    assert report_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "refcontext-nvml-5632.txt" in err
