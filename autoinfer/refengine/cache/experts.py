@@ -12,6 +12,7 @@ With misses: cpu, ExpertCache computes a miss that one token needs on the host i
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -96,6 +97,12 @@ class ExpertCache:
         self.room = slots  # slots a prefill's round may fill
         self.where: OrderedDict[tuple[int, int], int] = OrderedDict()  # (layer, expert) → slot, LRU order
         self.uses: dict[tuple[int, int], int] = {}
+        # lfu: each resident key's place in the LRU order (a tick) and a heap of (uses, tick, key), the least used
+        # and, among those, the least recent first; an entry whose tick is no longer its key's is skipped. A scan of
+        # every slot per eviction cost 31 ms a decode step at 2554 slots (benchmarks/expert_cache_bookkeeping.py).
+        self.ticks: dict[tuple[int, int], int] = {}
+        self.tick = 0
+        self.ranked: list[tuple[int, int, tuple[int, int]]] = []
         self.free = list(range(slots))
         self.pending: dict[int, torch.cuda.Event] = {}  # slot → copy still in flight on the side stream
         self.prefetched: set[tuple[int, int]] = set()
@@ -108,25 +115,54 @@ class ExpertCache:
     def device_bytes(self) -> int:
         return self.slots * self.expert_bytes
 
-    def _victim(self, protected: set[tuple[int, int]]) -> int:
-        if self.free:
-            return self.free.pop()
-        candidates = (key for key in self.where if key not in protected)  # oldest first
+    def _used(self, key: tuple[int, int], count: bool = True) -> None:
+        """A resident key used (count) or just placed: the end of the LRU order, and its lfu rank."""
+        if count:
+            self.uses[key] += 1
+        self.where.move_to_end(key)
         if self.policy == "lfu":
-            key = min(candidates, key=lambda k: self.uses[k], default=None)
-        else:  # the oldest unprotected key: a scan of a few keys, not of thousands of slots
-            key = next(candidates, None)
-        if key is None:
+            self.tick += 1
+            self.ticks[key] = self.tick
+            heapq.heappush(self.ranked, (self.uses[key], self.tick, key))
+            if len(self.ranked) > 4 * len(self.where) + 1024:  # drop the entries that went stale
+                self.ranked = [(self.uses[k], self.ticks[k], k) for k in self.where]
+                heapq.heapify(self.ranked)
+
+    def _victims(self, protected: set[tuple[int, int]], n: int) -> list[int]:
+        """n slots: free ones first, then those of the keys the policy evicts, none of them in `protected`."""
+        slots = [self.free.pop() for _ in range(min(n, len(self.free)))]
+        if len(slots) == n:
+            return slots
+        if self.policy == "lfu":
+            keys, held = [], []
+            while len(keys) < n - len(slots) and self.ranked:
+                entry = heapq.heappop(self.ranked)
+                _, tick, key = entry
+                if self.ticks.get(key) != tick:
+                    continue
+                if key in protected:
+                    held.append(entry)
+                else:
+                    keys.append(key)
+            for entry in held:
+                heapq.heappush(self.ranked, entry)
+        else:  # the oldest unprotected keys: a scan of a few keys, not of thousands of slots
+            candidates = (key for key in self.where if key not in protected)
+            keys = [key for key, _ in zip(candidates, range(n - len(slots)))]
+        if len(keys) < n - len(slots):
             raise RuntimeError("expert cache: every slot holds an expert the current step needs")
-        self.prefetched.discard(key)
-        self._evicted(key)
-        return self.where.pop(key)
+        for key in keys:
+            self.prefetched.discard(key)
+            self._evicted(key)
+            self.ticks.pop(key, None)
+            slots.append(self.where.pop(key))
+        return slots
 
     def _evicted(self, key: tuple[int, int]) -> None:
         """Called when `key` leaves its slot."""
 
     def _load(self, key: tuple[int, int], protected: set[tuple[int, int]], stream) -> int:
-        slot = self._victim(protected)
+        slot = self._victims(protected, 1)[0]
         unfinished = self.pending.pop(slot, None)  # an evicted prefetch may still be copying into this slot
         if unfinished is not None and stream is None:
             torch.cuda.current_stream(self.device).wait_event(unfinished)
@@ -143,6 +179,7 @@ class ExpertCache:
         self.where[key] = slot
         self._placed(key, slot)
         self.uses.setdefault(key, 0)
+        self._used(key, count=False)
         self.stats.bytes_fetched += self.expert_bytes
         return slot
 
@@ -161,7 +198,6 @@ class ExpertCache:
                 if key in self.prefetched:
                     self.stats.prefetch_used += 1
                     self.prefetched.discard(key)
-                self.where.move_to_end(key)
                 slot = self.where[key]
             else:
                 self.stats.misses += 1
@@ -169,7 +205,7 @@ class ExpertCache:
             event = self.pending.pop(slot, None)
             if event is not None:
                 torch.cuda.current_stream(self.device).wait_event(event)
-            self.uses[key] += 1
+            self._used(key)
             out[key[1]] = slot
         return out
 
@@ -284,7 +320,6 @@ class StepExpertCache(ExpertCache):
             for key, row in zip(keys, rows):
                 if self.where.get(key) == row:
                     self.stats.hits += 1
-                    self.where.move_to_end(key)
                 else:  # read from host memory into this layer's next spare
                     self.stats.misses += 1
                     self.stats.bytes_fetched += self.expert_bytes
@@ -292,12 +327,13 @@ class StepExpertCache(ExpertCache):
                     self._placed(key, row)
                     self.uses.setdefault(key, 0)
                     misses += 1
-                self.uses[key] += 1
+                self._used(key)
             used.append(misses)
         protected = {key for keys, _ in step for key in keys}
+        victims = iter(self._victims(protected, sum(used)))  # in layer order, as one eviction per miss would be
         for layer, misses in enumerate(used):
             if misses:
-                self.spares[layer] = self.spares[layer][misses:] + [self._victim(protected) for _ in range(misses)]
+                self.spares[layer] = self.spares[layer][misses:] + [next(victims) for _ in range(misses)]
                 self.dirty = True
 
 
