@@ -16,6 +16,7 @@ import heapq
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 
@@ -147,8 +148,7 @@ class ExpertCache:
             for entry in held:
                 heapq.heappush(self.ranked, entry)
         else:  # the oldest unprotected keys: a scan of a few keys, not of thousands of slots
-            candidates = (key for key in self.where if key not in protected)
-            keys = [key for key, _ in zip(candidates, range(n - len(slots)))]
+            keys = list(islice((key for key in self.where if key not in protected), n - len(slots)))
         if len(keys) < n - len(slots):
             raise RuntimeError("expert cache: every slot holds an expert the current step needs")
         for key in keys:
