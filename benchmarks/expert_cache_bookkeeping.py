@@ -43,18 +43,24 @@ def run(policy: str, slots: int, choices: torch.Tensor) -> tuple[float, float]:
     cache = StepExpertCache(host, slots, torch.device("cpu"), policy, K)
     spent = 0.0
     for step in choices:
-        rows = torch.empty(LAYERS, K, dtype=torch.long)
-        for layer in range(LAYERS):
-            spare = iter(cache.spares[layer])
-            for j, e in enumerate(step[layer].tolist()):
-                row = int(cache.mirror[layer, e])
-                rows[layer, j] = row if row >= 0 else next(spare)
-        cache.log[:, 0] = step
-        cache.log[:, 1] = rows
+        log_step(cache, step)
         started = time.perf_counter()
         cache.after_step()
         spent += time.perf_counter() - started
     return cache.stats.hit_rate, spent / len(choices) * 1e6
+
+
+def log_step(cache: StepExpertCache, step: torch.Tensor) -> None:
+    """What the device's fetch logs for a decode step's [layers, k] choices: each one's row, the resident slot or
+    its layer's next spare."""
+    rows = torch.empty_like(step)
+    for layer in range(step.shape[0]):
+        spare = iter(cache.spares[layer])
+        for j, e in enumerate(step[layer].tolist()):
+            row = int(cache.mirror[layer, e])
+            rows[layer, j] = row if row >= 0 else next(spare)
+    cache.log[:, 0] = step
+    cache.log[:, 1] = rows
 
 
 def main(argv: list[str] | None = None) -> int:

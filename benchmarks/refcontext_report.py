@@ -20,7 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from autoinfer.engines.llama_bench import kind_of, parse_records, samples_of
 from autoinfer.measure.stats import Comparison, compare, compare_paired
+
+KINDS = ("tg", "pp")
 
 
 def budget_rows(folder: Path) -> list[str]:
@@ -39,13 +42,11 @@ def budget_rows(folder: Path) -> list[str]:
 
 def final_scores(folder: Path) -> dict[str, dict[str, list[float]]]:
     """Per side and measure, one score per run (the median of its repetitions), in round order."""
-    fit = [json.loads(line) for line in (folder / "final-fit.jsonl").read_text().splitlines() if line.strip()]
+    fit = parse_records((folder / "final-fit.jsonl").read_text())
     refs = sorted(folder.glob("final-ref-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     ref = [json.loads(p.read_text()) for p in refs]
-    return {"llama.cpp": {"tg": [statistics.median(r["samples_ts"]) for r in fit if r["n_gen"] > 0],
-                          "pp": [statistics.median(r["samples_ts"]) for r in fit if r["n_prompt"] > 0]},
-            "reference": {"tg": [statistics.median(r["tg_samples"]) for r in ref],
-                          "pp": [statistics.median(r["pp_samples"]) for r in ref]}}
+    return {"llama.cpp": {k: [statistics.median(samples_of(r)[0]) for r in fit if kind_of(r) == k] for k in KINDS},
+            "reference": {k: [statistics.median(r[f"{k}_samples"]) for r in ref] for k in KINDS}}
 
 
 def ratio(c: Comparison) -> str:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {len(ref['tg'])} reference runs against {len(fit['tg'])} llama.cpp runs: a round is "
                   "missing a side", file=sys.stderr)
             return 2
-        for measure in ("tg", "pp"):
+        for measure in KINDS:
             print(f"{measure}: reference {[round(x, 1) for x in ref[measure]]}, llama.cpp "
                   f"{[round(x, 1) for x in fit[measure]]}")
             print(f"  ratio of medians {ratio(compare(ref[measure], fit[measure]))}; "

@@ -54,7 +54,8 @@ def parse_records(text: str) -> list[dict[str, Any]]:
     return records
 
 
-def _kind(record: dict[str, Any]) -> str | None:
+def kind_of(record: dict[str, Any]) -> str | None:
+    """"pp" or "tg": which rate a record measured."""
     n_prompt, n_gen = int(record.get("n_prompt", 0)), int(record.get("n_gen", 0))
     if n_prompt > 0 and n_gen == 0:
         return "pp"
@@ -98,7 +99,7 @@ def measurement_from_json(text: str, config: TrialConfig) -> Measurement:
 
 def _measurement(text: str, config: TrialConfig) -> Measurement:
     records = parse_records(text)
-    by_kind = {k: r for r in records if (k := _kind(r))}
+    by_kind = {k: r for r in records if (k := kind_of(r))}
     wanted = [k for k, n in (("pp", config.n_prompt), ("tg", config.n_gen)) if n > 0]
     missing = [k for k in wanted if k not in by_kind]
     if not records or missing:

@@ -4,6 +4,10 @@ scans every slot per eviction, as the cache once did, must make the same decisio
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +16,7 @@ from autoinfer.refengine.cache.experts import ExpertCache, StepExpertCache
 from autoinfer.refengine.ops.moe import ExpertBank
 
 LAYERS, EXPERTS, K = 3, 8, 2
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"  # expert_cache_bookkeeping.log_step
 
 
 class Scanning:
@@ -48,15 +53,13 @@ def _host() -> list[ExpertBank]:
                          for _ in range(3))) for layer in range(LAYERS)]
 
 
-def _decode_step(cache: StepExpertCache, step: list[list[int]]) -> None:
-    """What the device's fetch logs: each choice's row, the resident slot or the layer's next spare."""
-    rows = []
-    for layer, experts in enumerate(step):
-        spare = iter(cache.spares[layer])
-        rows.append([int(cache.mirror[layer, e]) if cache.mirror[layer, e] >= 0 else next(spare) for e in experts])
-    cache.log[:, 0] = torch.tensor(step)
-    cache.log[:, 1] = torch.tensor(rows)
-    cache.after_step()
+@pytest.fixture(scope="module")
+def log_step():
+    sys.path.insert(0, str(BENCHMARKS))
+    from expert_cache_bookkeeping import log_step
+
+    yield log_step
+    sys.path.remove(str(BENCHMARKS))
 
 
 steps = st.lists(st.lists(st.lists(st.integers(0, EXPERTS - 1), min_size=K, max_size=K, unique=True),
@@ -65,12 +68,13 @@ steps = st.lists(st.lists(st.lists(st.integers(0, EXPERTS - 1), min_size=K, max_
 
 @settings(max_examples=60, deadline=None)
 @given(steps, st.sampled_from(["lru", "lfu"]), st.integers(3 * LAYERS * K, LAYERS * EXPERTS - 1))
-def test_a_decode_step_s_evictions_match_the_scan(routing, policy, slots):
+def test_a_decode_step_s_evictions_match_the_scan(log_step, routing, policy, slots):
     fast = StepExpertCache(_host(), slots, torch.device("cpu"), policy, K)
     slow = ScanningStep(_host(), slots, torch.device("cpu"), policy, K)
-    for step in routing:
-        _decode_step(fast, step)
-        _decode_step(slow, step)
+    for step in map(torch.tensor, routing):
+        for cache in (fast, slow):
+            log_step(cache, step)  # what the device's fetch logs
+            cache.after_step()
         assert fast.spares == slow.spares
         assert list(fast.where.items()) == list(slow.where.items())
         assert torch.equal(fast.mirror, slow.mirror)
@@ -94,10 +98,7 @@ def test_the_eager_cache_s_evictions_match_the_scan(lookups, policy, slots):
     assert fast.stats.as_dict() == slow.stats.as_dict()
 
 
-def test_the_bookkeeping_benchmark_times_both_policies(monkeypatch, capsys):
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+def test_the_bookkeeping_benchmark_times_both_policies(log_step, capsys):
     from expert_cache_bookkeeping import main
 
     assert main(["--slots", "1644", "--steps", "4", "--repeats", "1"]) == 0
