@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m autoinfer.refengine.worker --model /tmp/autoinfer-models/qwen35moe-35b-a3b-Q4_K.gguf --n-prompt 512 --n-gen 64 --repetitions 3 --device cuda --dtype bf16 --weights gguf --gdn fused_recurrent --moe fused --norm triton --budget-mib 7168.0 --cache-policy lfu --graphs on --max-context 32768
