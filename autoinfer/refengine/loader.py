@@ -9,6 +9,8 @@ torch's Linear (out, in) layout.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,6 +21,7 @@ import torch
 from autoinfer.errors import UserError
 from autoinfer.model.arch import RUNNABLE_ARCH, Architecture
 from autoinfer.model.gguf_info import read_info
+from autoinfer.refengine.cache.pinned import PinnedArena
 from autoinfer.refengine.ops.quant.qweight import BLOCKS, QuantWeight, from_gguf
 
 Matrix = torch.Tensor | QuantWeight  # a weight matrix: dense, or its GGUF blocks
@@ -165,20 +168,39 @@ def _expected_shapes(cfg: Architecture) -> dict[str, tuple[int, ...]]:
 
 
 class _Reader:
-    """Dequantizes one tensor at a time so a large model never exists twice in fp32."""
+    """Dequantizes one tensor at a time so a large model never exists twice in fp32. Every tensor is copied out of
+    the file's mapping, so once read its mapped pages are dropped from the process (they stay in the page cache):
+    without that the process held the file's pages beside the copies while it loaded, twice the model in RSS."""
 
-    def __init__(self, tensors: dict, path: Path, shapes: dict[str, tuple[int, ...]], device: str,
+    def __init__(self, reader, tensors: dict, path: Path, shapes: dict[str, tuple[int, ...]], device: str,
                  keep_quant: bool = False):
+        self.mapping = reader.data._mmap  # np.memmap's own mmap: numpy exposes no other handle on it
         self.tensors, self.path, self.shapes, self.device = tensors, path, shapes, device
         self.keep_quant = keep_quant
+
+    def _release(self, t) -> None:
+        """Drop t's pages from the mapping; a later read of them faults them in again, from the page cache."""
+        start = t.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, t.data_offset + t.n_bytes - start)
 
     def matrix(self, name: str, dtype: torch.dtype) -> Matrix:
         """A weight matrix: its GGUF blocks when they are kept and a kernel reads the type, else dense."""
         t = self.tensors.get(name)
         if self.keep_quant and t is not None and t.tensor_type.name in BLOCKS:
             self._shape(name, t)
-            return from_gguf(np.asarray(t.data), t.tensor_type.name, self.shapes[name])
+            out = from_gguf(np.asarray(t.data), t.tensor_type.name, self.shapes[name])
+            self._release(t)
+            return out
         return self(name, dtype)
+
+    def matrix_bytes(self, name: str, dtype: torch.dtype) -> int:
+        """What matrix(name, dtype) will hold, before it is read (0 for a missing tensor, which reading names)."""
+        t = self.tensors.get(name)
+        if t is None:
+            return 0
+        if self.keep_quant and t.tensor_type.name in BLOCKS:
+            return int(t.n_bytes)
+        return math.prod(self.shapes[name]) * dtype.itemsize
 
     def _shape(self, name: str, t) -> tuple[int, ...]:
         want = self.shapes[name]
@@ -199,26 +221,30 @@ class _Reader:
         want = self._shape(name, t)
         try:
             # Decoded on `device` (a GPU decodes a 35B model in seconds), returned on the CPU.
-            return dequantize(np.asarray(t.data), t.tensor_type, want, self.device).to(dtype).cpu()
+            out = dequantize(np.asarray(t.data), t.tensor_type, want, self.device).to(dtype).cpu()
         except NotImplementedError:
             raise UserError(f"{self.path}: tensor {name} has type {t.tensor_type.name}, which gguf.quants cannot "
                             "dequantize; requantize the model to Q8_0/Q4_0/F16/BF16/F32") from None
+        self._release(t)
+        return out
 
 
 def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: bool = False,
          keep_quant: bool = False) -> tuple[Architecture, ModelWeights]:
     """Read a qwen35moe GGUF into CPU tensors. Norms, router, conv and decay parameters stay fp32.
     decode_on="cuda" dequantizes Q8_0/Q4_0 blocks on the GPU (the placement of the result is the engine's).
-    pin_experts puts routed experts straight into pinned memory, so a model whose experts fill most of the host
-    RAM never exists twice there (the expert cache copies from them asynchronously). keep_quant leaves the
+    pin_experts puts routed experts straight into pinned memory (packed: cache/pinned.py), so a model whose experts
+    fill most of the host RAM never exists twice there (the expert cache copies from them asynchronously). keep_quant leaves the
     Q8_0/Q4_K/Q6_K matrices in their blocks (QuantWeight), the embedding table too (the rows a step needs are
     decoded then: a 35B-A3B table is 0.97 GiB in bf16, 0.27 GiB in Q4_K)."""
     path = Path(path)
     reader = _open(path)
     cfg, tensors = _config(reader, path)
-    get = _Reader(tensors, path, _expected_shapes(cfg), decode_on, keep_quant)
+    get = _Reader(reader, tensors, path, _expected_shapes(cfg), decode_on, keep_quant)
     mat = get.matrix
     big, f32 = torch_dtype(dtype), torch.float32
+    experts = [f"blk.{i}.ffn_{g}_exps.weight" for i in range(cfg.n_layers) for g in ("gate", "up", "down")]
+    arena = PinnedArena(sum(get.matrix_bytes(name, big) for name in experts)) if pin_experts else None
     layers = []
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
@@ -233,7 +259,7 @@ def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: b
                 beta=mat(b + "ssm_beta.weight", big), alpha=mat(b + "ssm_alpha.weight", big),
                 conv=get(b + "ssm_conv1d.weight", f32), dt_bias=get(b + "ssm_dt.bias", f32),
                 a=get(b + "ssm_a", f32), norm=get(b + "ssm_norm.weight", f32), out=mat(b + "ssm_out.weight", big))
-        expert = (lambda name: mat(name, big).pin_memory()) if pin_experts else (lambda name: mat(name, big))
+        expert = (lambda name: arena.place(mat(name, big))) if arena else (lambda name: mat(name, big))
         moe = MoeWeights(
             router=get(b + "ffn_gate_inp.weight", f32), gate=expert(b + "ffn_gate_exps.weight"),
             up=expert(b + "ffn_up_exps.weight"), down=expert(b + "ffn_down_exps.weight"),

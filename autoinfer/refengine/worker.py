@@ -61,6 +61,8 @@ def measure(args: argparse.Namespace) -> dict:
         "device_used_at_start_mib": used_at_start,
         "device_used_at_end_mib": _device_used_mib() if cuda else None,
         "device_reserved_at_end_mib": torch.cuda.memory_reserved() / 2**20 if cuda else None,
+        # page-locked host memory torch's allocator holds, in its rounded blocks: the experts' copies (cache/pinned.py)
+        "host_pinned_mib": torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) / 2**20 if cuda else None,
         "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "moe_impl": implementation(x, engine.experts.pool if hasattr(engine.experts, "pool")

@@ -60,3 +60,28 @@ def test_quantized_synthetic_model_runs_in_every_dtype(tiny_model):
     scale = float(logits["fp32"].abs().max())
     assert float((logits["bf16"] - logits["fp32"]).abs().max()) <= 0.1 * scale
     assert float((logits["fp16"] - logits["fp32"]).abs().max()) <= 0.02 * scale
+
+
+# VmHWM, this process's peak RSS: ru_maxrss would count the parent's RSS at the fork that started it
+_LOAD_RSS = """
+import re, sys, psutil
+from autoinfer.refengine.loader import load
+before = psutil.Process().memory_info().rss
+load(sys.argv[1], "bf16", keep_quant=True)
+peak_kib = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+print((peak_kib * 1024 - before) / 2**20)
+"""
+
+
+def test_loading_holds_the_model_about_once_in_rss_not_the_file_beside_its_copy():
+    """Each tensor is copied out of the file's mapping, and its mapped pages are dropped once it is: the process's
+    RSS grew by 158 MiB loading the 123 MiB small Q8_0 model (the copies, 131), by 274 while the pages stayed."""
+    import subprocess
+    import sys
+
+    from autoinfer.model.synth import cached_model
+
+    model = cached_model("small", "Q8_0")
+    out = subprocess.run([sys.executable, "-c", _LOAD_RSS, str(model)], capture_output=True, text=True, check=True)
+    grew_mib = float(out.stdout.strip().splitlines()[-1])
+    assert grew_mib < 1.5 * model.stat().st_size / 2**20

@@ -23,6 +23,7 @@ import torch
 from autoinfer.errors import UserError
 from autoinfer.refengine.cache.fetch import fetch_experts
 from autoinfer.refengine.cache.host import HostExperts
+from autoinfer.refengine.cache.pinned import PinnedArena
 from autoinfer.refengine.ops.moe import ExpertBank, MoeFn
 from autoinfer.refengine.ops.quant.qweight import QuantWeight
 from autoinfer.refengine.options import MISSES, POLICIES
@@ -338,10 +339,13 @@ class StepExpertCache(ExpertCache):
 
 
 def host_banks(banks: list[ExpertBank], pin: bool) -> list[ExpertBank]:
-    """Experts kept in host memory; pinned when a CUDA device will copy from them asynchronously."""
+    """Experts kept in host memory; pinned when a CUDA device will copy from them asynchronously (those not pinned
+    yet are packed into pinned blocks, cache/pinned.py)."""
     if not pin:
         return banks
-    return [ExpertBank(*(t if t.is_pinned() else t.pin_memory() for t in (b.gate, b.up, b.down))) for b in banks]
+    loose = [t for b in banks for t in (b.gate, b.up, b.down) if not t.is_pinned()]
+    arena = PinnedArena(sum(_storage(t).numel() * _storage(t).element_size() for t in loose))
+    return [ExpertBank(*(t if t.is_pinned() else arena.place(t) for t in (b.gate, b.up, b.down))) for b in banks]
 
 
 def _storage(t: torch.Tensor | QuantWeight) -> torch.Tensor:

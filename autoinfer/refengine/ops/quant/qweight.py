@@ -40,9 +40,6 @@ class QuantWeight:
     def to(self, device) -> "QuantWeight":
         return QuantWeight(self.raw.to(device), self.qtype, self.shape)
 
-    def pin_memory(self) -> "QuantWeight":
-        return QuantWeight(self.raw.pin_memory(), self.qtype, self.shape)
-
     def is_pinned(self) -> bool:
         return self.raw.is_pinned()
 
