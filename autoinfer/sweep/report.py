@@ -202,7 +202,7 @@ def print_contest(console: Console, name: str, record: ContestRecord) -> None:
     title = f"contest {name}: " + (f"final over {final.rounds} interleaved rounds in fresh processes"
                                    if final else "no final (fewer than two finalists)")
     table = Table(title=title)
-    for column in ("finalist", "engine", "median (95% CI)", "runs ok/failed", "peak memory"):
+    for column in ("finalist", "engine", "median (95% CI)", "runs ok/failed", "peak memory", "host RSS"):
         table.add_column(column)
     for entry in record.entries:
         f = final.finalist(entry.key) if final else None
@@ -211,8 +211,10 @@ def print_contest(console: Console, name: str, record: ContestRecord) -> None:
         runs = f"{len(f.scores)}/{f.failed_runs}" if f else "—"
         memory = "—" if f is None or f.memory_mib is None else f"{f.memory_kind} {f.memory_mib:.0f} MiB" + (
             f" + {f.context_mib:.0f} at the serving context" if f.context_mib else "")
+        # the host's side too: engines differ there (the reference engine pins its experts, llama.cpp maps the file)
+        rss = [r.rss_peak_mib for r in final.runs if r.trial == entry.key and r.rss_peak_mib] if final else []
         table.add_row(f"{entry.study} trial {entry.trial}" + (f" ({FIT_ANSWER})" if entry.baseline else ""),
-                      entry.engine, median, runs, memory)
+                      entry.engine, median, runs, memory, f"{statistics.median(rss):.0f} MiB" if rss else "—")
     console.print(table)
     if final is not None:
         console.print(summary(final, record.label), markup=False, highlight=False)

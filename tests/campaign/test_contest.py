@@ -189,17 +189,18 @@ def test_llama_fit_params_answer_joins_the_final_beside_the_contenders_recommend
 
 def test_the_final_names_the_baseline_and_counts_the_serving_context_as_the_budget_does():
     """The final's table and lines name llama-fit-params' answer, and each finalist's memory says what the serving
-    context adds to its measured peak (what the budget counted), as the recommendation's headline does."""
+    context adds to its measured peak (what the budget counted), as the recommendation's headline does; the host's
+    RSS stands beside it (the median of the runs)."""
     entries = (ContestEntry(0, "ours", "reference", 5), ContestEntry(1, "llama", "llama-bench", 1, baseline=True))
-    runs = [ConfirmRun(r, key, "ok", "", tg, (tg,), (pp,), 7400.0 + key, None, False)
-            for r in range(5) for key, tg, pp in ((0, 110.0 + r, 700.0), (1, 70.0 + r, 350.0))]
+    runs = [ConfirmRun(r, key, "ok", "", tg, (tg,), (pp,), 7400.0 + key, rss + r, False)
+            for r in range(5) for key, tg, pp, rss in ((0, 110.0 + r, 700.0, 52119.0), (1, 70.0 + r, 350.0, 19017.0))]
     final = judge({0: {}, 1: {}}, runs, 5, parse_campaign({"name": "c", "model": "m.gguf"}).confirm, {"tg": 1.0},
                   None, lambda k: entries[k].label(), side="device", context={0: None, 1: 656.2})
     console = Console(record=True, width=250)
     print_contest(console, "duel", ContestRecord("{}", entries, (), {}, final))
     said = " ".join(console.export_text().split())
     assert "llama trial 1 (llama-fit-params' answer)" in said
-    assert "vram 7401 MiB + 656 at the serving context" in said and "vram 7400 MiB │" in said
+    assert "vram 7401 MiB + 656 at the serving context │ 19019 MiB" in said and "vram 7400 MiB │ 52121 MiB" in said
     assert ("ours trial 5 (reference) ran 1.5" in said
             and "times faster than llama trial 1 (llama-bench, llama-fit-params' answer)" in said)
     assert "prompt processing (not in the objective): 700 against 350 tok/s, 2.00x" in said
