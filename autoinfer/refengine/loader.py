@@ -234,9 +234,9 @@ def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: b
     """Read a qwen35moe GGUF into CPU tensors. Norms, router, conv and decay parameters stay fp32.
     decode_on="cuda" dequantizes Q8_0/Q4_0 blocks on the GPU (the placement of the result is the engine's).
     pin_experts puts routed experts straight into pinned memory (packed: cache/pinned.py), so a model whose experts
-    fill most of the host RAM never exists twice there (the expert cache copies from them asynchronously). keep_quant leaves the
-    Q8_0/Q4_K/Q6_K matrices in their blocks (QuantWeight), the embedding table too (the rows a step needs are
-    decoded then: a 35B-A3B table is 0.97 GiB in bf16, 0.27 GiB in Q4_K)."""
+    fill most of the host RAM never exists twice there (the expert cache copies from them asynchronously).
+    keep_quant leaves the Q8_0/Q4_K/Q6_K matrices in their blocks (QuantWeight), the embedding table too (the rows a
+    step needs are decoded then: a 35B-A3B table is 0.97 GiB in bf16, 0.27 GiB in Q4_K)."""
     path = Path(path)
     reader = _open(path)
     cfg, tensors = _config(reader, path)
@@ -259,7 +259,7 @@ def load(path: Path, dtype: str = "fp32", decode_on: str = "cpu", pin_experts: b
                 beta=mat(b + "ssm_beta.weight", big), alpha=mat(b + "ssm_alpha.weight", big),
                 conv=get(b + "ssm_conv1d.weight", f32), dt_bias=get(b + "ssm_dt.bias", f32),
                 a=get(b + "ssm_a", f32), norm=get(b + "ssm_norm.weight", f32), out=mat(b + "ssm_out.weight", big))
-        expert = (lambda name: arena.place(mat(name, big))) if arena else (lambda name: mat(name, big))
+        expert = (lambda name: mat(name, big)) if arena is None else (lambda name: arena.place(mat(name, big)))
         moe = MoeWeights(
             router=get(b + "ffn_gate_inp.weight", f32), gate=expert(b + "ffn_gate_exps.weight"),
             up=expert(b + "ffn_up_exps.weight"), down=expert(b + "ffn_down_exps.weight"),
