@@ -56,7 +56,7 @@ def _usage_line(exc: typer.TyperException) -> str:
 def main() -> None:
     """Entry point: UserError and typer's usage errors become one line on stderr and exit status 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(code) comes back here, not raised
     except UserError as exc:
         print(f"error: {' '.join(redact(str(exc)).splitlines())}", file=sys.stderr)  # one line, always
         sys.exit(2)
@@ -77,6 +77,8 @@ def main() -> None:
         else:
             print(_usage_line(exc), file=sys.stderr)
         sys.exit(2)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   bash benchmarks/bare_host.sh pack                       # here, with network: fills .carry/
 #   STEPS="vsfit threads" bash benchmarks/bare_host.sh run  # there, from the repository root
 # pack: .carry/whl (wheels, for the host's Python 3.12, of the dependencies its image lacks: optuna, alembic, Mako,
-#       colorlog, sqlalchemy, pydantic and its parts, gguf, typing_extensions, at the versions installed here) and
+#       colorlog, sqlalchemy, pydantic and its parts, gguf, typing_extensions, transformers and what it imports, at the
+#       versions installed here) and
 #       .carry/llama-src.tar.xz (the pinned llama.cpp source as `autoinfer build` keeps it, trimmed to the build's
 #       inputs, ~8 MB).
 # run:  the wheels, the source and a CUDA build (gpu_host.sh deps source build, ~5 minutes on 16 cores) with the 35B
@@ -19,7 +20,9 @@ case "${1:-}" in
   pack)
     mkdir -p .carry/whl
     names=(optuna alembic mako colorlog sqlalchemy pydantic pydantic-core annotated-types typing-inspection gguf
-           typing-extensions)
+           typing-extensions
+           transformers huggingface-hub tokenizers safetensors regex tqdm hf-xet httpx2 httpcore2 h11 anyio idna
+           fsspec kernels tomlkit truststore shellingham annotated-doc)  # transformers: the generate command's tokenizer
     pins=()
     for name in "${names[@]}"; do
       version=$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')

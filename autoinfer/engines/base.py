@@ -228,6 +228,7 @@ class Capabilities:
     runs_llama_tools: bool = False  # runs llama.cpp's tools on this worker's GPUs (multi-GPU knobs, fit baseline)
     host_measurement: bool = True  # runs something on this host, so trials of one host take turns (host lock)
     own_command: bool = False  # not llama.cpp: the command a trial ran (engine_cmd) is how to run its configuration
+    generates: bool = False  # has a command that generates text with a configuration (export --format generate)
 
 
 CAPABILITIES = {
@@ -235,7 +236,7 @@ CAPABILITIES = {
     "llama-server": Capabilities(llama_settings=True, runs_llama_tools=True),
     "llama-cpp-python": Capabilities(llama_settings=True, python_settings=True),
     "replay": Capabilities(llama_settings=True, host_measurement=False),  # a table of llama.cpp measurements
-    "reference": Capabilities(own_command=True),
+    "reference": Capabilities(own_command=True, generates=True),
 }
 
 

@@ -30,6 +30,13 @@ def worker_command(config: TrialConfig) -> list[str]:
     return argv + options_of(config).to_argv()
 
 
+def generate_command(config: TrialConfig, prompt: str = "Hello") -> list[str]:
+    """Text generated with `config` (refengine/generate.py): the worker's engine flags, a prompt instead of a
+    measurement; as it is printed for a user to paste, and run by the deployment check."""
+    return [sys.executable, "-m", "autoinfer.refengine.generate", "--model", str(config.model),
+            *options_of(config).to_argv(), "--prompt", prompt]
+
+
 def options_of(config: TrialConfig) -> EngineOptions:
     """The engine knobs a trial sets (UserError for a value of the wrong kind)."""
     return EngineOptions.from_knobs({name: config.get(name) for name in KNOBS if config.get(name) is not None})

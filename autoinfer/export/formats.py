@@ -11,10 +11,11 @@ import yaml
 
 from autoinfer.engines.base import TrialConfig, capabilities
 from autoinfer.engines.llama_common import bench_args, env_words, server_args
+from autoinfer.engines.reference import generate_command
 from autoinfer.errors import UserError
 from autoinfer.store.trials import Best
 
-FORMATS = ("server", "bench", "python", "json", "yaml")
+FORMATS = ("server", "bench", "python", "generate", "json", "yaml")
 #: Engines whose configurations are llama.cpp configurations (a replay table is made from llama.cpp runs).
 
 
@@ -97,6 +98,11 @@ def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str
     own = capabilities(engine).own_command and best.trial.engine_cmd
     if fmt == "bench" and own:  # the engine's own command, exactly as the trial ran it
         return shlex.join(own)
+    if fmt == "generate":
+        if not capabilities(engine).generates:
+            raise UserError(f"study {study!r} measured the {engine} engine, which has no generate command; "
+                            "use --format server (llama-server generates text)")
+        return shlex.join(generate_command(best.config))
     if fmt in ("server", "bench", "python") and not capabilities(engine).llama_settings:
         raise UserError(f"study {study!r} measured the {engine} engine, whose settings are not llama.cpp settings; "
                         f"use --format {'bench (its own command), ' if own else ''}json or yaml")
@@ -112,6 +118,8 @@ def render(fmt: str, best: Best, study: str, engine: str = "llama-bench") -> str
         data["llama_bench"] = bench_command(best)
     elif own:
         data["command"] = list(own)
+    if capabilities(engine).generates:
+        data["generate"] = generate_command(best.config)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
     return yaml.safe_dump(data, sort_keys=False)

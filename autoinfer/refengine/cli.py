@@ -1,4 +1,5 @@
-"""`autoinfer engine bench`: the reference engine's op variants and whole-model speed against their floors."""
+"""`autoinfer engine bench`: the reference engine's op variants and whole-model speed against their floors;
+`autoinfer engine generate`: text from it with a configuration a sweep chose."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ engine_app = typer.Typer(help="The bundled PyTorch reference engine.", no_args_i
 
 def register(app: typer.Typer) -> None:
     app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                      "help_option_names": []})
+def generate(ctx: typer.Context) -> None:
+    """Text from the reference engine with the flags a sweep's trial ran: --model M --prompt TEXT (or stdin), --chat,
+    --n-predict, --temperature; `autoinfer engine generate --help` lists every flag."""
+    from autoinfer.refengine.generate import main
+
+    raise typer.Exit(main(ctx.args))
 
 
 @engine_app.command()

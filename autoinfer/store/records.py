@@ -648,6 +648,8 @@ class DeploymentCheck:
     memory: str = ""  # its peak against the sweep's measurement and the campaign's budget, in words
     over_budget: bool = False  # llama-server, run as printed, went over the campaign's memory budget
     prompt_tokens: int = 0  # the prompt's tokens (0: a check of an earlier version, which sent a 4-token text)
+    program: str = "llama-server"  # what the printed command runs (the reference engine's: "generate")
+    request: str = "/completion"  # what the check asked it for ("": a command that generates and exits)
 
     @property
     def passed(self) -> bool:
@@ -663,7 +665,8 @@ class DeploymentCheck:
         memory = f"; {self.memory}" if self.memory else ""
         if self.status == "passed":
             prompt = f" to a {self.prompt_tokens}-token prompt" if self.prompt_tokens else ""
-            return (f"passed: llama-server answered /completion{prompt} with {self.tokens} tokens ({self.answer!r}) "
+            did = " ".join(word for word in (self.program, "answered", self.request) if word)
+            return (f"passed: {did}{prompt} with {self.tokens} tokens ({self.answer!r}) "
                     f"in {self.wall_s:.1f} s (trial {self.trial}){memory}")
         return (f"{self.status}: {self.reason}" + (f" (trial {self.trial})" if self.trial is not None else "")
                 + memory)

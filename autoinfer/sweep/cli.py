@@ -11,7 +11,7 @@ from rich.console import Console
 from autoinfer.errors import UserError
 
 DEFAULT_CAMPAIGN = Path(__file__).resolve().parents[1] / "experiments" / "cpu-smoke.yaml"
-ANNOUNCE_CHECK = "\ndeployment check: starting that llama-server command once and asking it for a completion …"
+ANNOUNCE_CHECK = "\ndeployment check: running the printed command once and asking it for text …"
 
 StudyOpt = typer.Option(None, "--study", help="Study name (default: the campaign's name, or the latest study).")
 StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: sqlite:///results/autoinfer.db).")
@@ -89,14 +89,15 @@ def status(study: Optional[str] = StudyOpt, storage: Optional[str] = StorageOpt)
 def export(
     study: Optional[str] = StudyOpt,
     storage: Optional[str] = StorageOpt,
-    format: str = typer.Option("server", "--format", help="server | bench | python | json | yaml"),
+    format: str = typer.Option("server", "--format", help="server | bench | python | generate | json | yaml"),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of standard output."),
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=1,
                                                 help="Pick from the Pareto front: the best within this many MiB."),
     objective: Optional[str] = typer.Option(None, "--objective", help="With the front: tg | pp | balanced."),
     force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
 ) -> None:
-    """The best feasible configuration as a llama-server or llama-bench command line, or a JSON/YAML file."""
+    """The best feasible configuration as a llama-server or llama-bench command line (the reference engine's: its
+    worker's, or generate's), or a JSON/YAML file."""
     from autoinfer.export.formats import FORMATS, render
     from autoinfer.store.trials import load_study
 

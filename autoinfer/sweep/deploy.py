@@ -1,5 +1,6 @@
 """Deployment check: the recommended `llama-server` command, started once exactly as printed, must answer a
-completion before the sweep calls it a recommendation.
+completion before the sweep calls it a recommendation (the reference engine's printed generate command must generate
+text: run_generate_check).
 
 The sweep measures with llama-bench; the command it prints is another program. Starting that command catches what a
 measurement cannot see (a model without a tokenizer, a flag the server lacks, a library it cannot find) before a
@@ -13,6 +14,7 @@ study and shown by `status` and the report.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import time
@@ -23,13 +25,14 @@ import optuna
 
 from autoinfer.campaign.spec import Campaign
 from autoinfer.engines import base
-from autoinfer.engines.base import TrialConfig
+from autoinfer.engines.base import TrialConfig, capabilities
 from autoinfer.engines.llama_common import LlamaToolsEngine, classify_failure, env_words, server_context
 from autoinfer.engines.llama_server import Client, RequestRejected, ServerGone, free_port, prompt_tokens, wait_healthy
+from autoinfer.engines.reference import options_of
 from autoinfer.errors import UserError
 from autoinfer.export.formats import render
 from autoinfer.measure.gpu import measured_gpus
-from autoinfer.measure.process import IsolatedProcess
+from autoinfer.measure.process import IsolatedProcess, run_isolated
 from autoinfer.store import trials as store
 from autoinfer.store.records import DeploymentCheck, TrialRecord
 from autoinfer.store.trials import Store
@@ -86,6 +89,41 @@ def run_check(command: list[str], timeout_s: float, n_prompt: int, trial: int | 
     return result("passed", "", " ".join(content.split())[:60], tokens)
 
 
+def generate_prompt(config: TrialConfig) -> int:
+    """The prompt's tokens for a check of a generate command: the measurement's, within the engine's max_context
+    beside the generated tokens."""
+    return max(1, min(config.n_prompt, options_of(config).max_context - N_PREDICT))
+
+
+def run_generate_check(command: list[str], timeout_s: float, n_prompt: int, trial: int | None = None,
+                       gpus: tuple[int, ...] = ()) -> DeploymentCheck:
+    """Run a printed generate command (refengine/generate.py) to its end for N_PREDICT tokens past any end of
+    sequence, its prompt's tokens repeated to `n_prompt` (the measurement's, so its peak holds a prefill as long);
+    its peak memory is sampled as a trial's is. It passes if it exits 0 having generated them."""
+    printed = shlex.join(command)
+    argv = [*command, "--prompt-tokens", str(n_prompt), "--n-predict", str(N_PREDICT), "--ignore-eos"]
+    started = time.monotonic()
+    try:
+        res = run_isolated(argv, timeout_s=timeout_s, env=dict(os.environ), gpus=gpus)
+    except UserError as exc:  # the interpreter is missing
+        return DeploymentCheck("failed", str(exc), trial, printed, "", 0, 0.0, program="generate", request="")
+    wall = round(time.monotonic() - started, 2)
+
+    def result(status: str, reason: str, answer: str = "", tokens: int = 0, prompt: int = 0) -> DeploymentCheck:
+        return DeploymentCheck(status, reason, trial, printed, answer, tokens, wall, res.vram_peak_mib,
+                               res.rss_peak_mib, prompt_tokens=prompt, program="generate", request="")
+
+    if res.timed_out:
+        return result("failed", f"generate did not finish within {timeout_s:.0f} s")
+    if res.returncode != 0:
+        said = [line for line in res.stderr.splitlines() if line.strip()]
+        return result("failed", f"generate exited with status {res.returncode}: {said[-1] if said else 'no message'}")
+    stats = re.search(r"prompt: (\d+) tokens.*generated: (\d+) tokens", res.stderr)
+    if stats is None or int(stats.group(2)) < 1:
+        return result("failed", f"generate wrote no tokens: {' '.join(res.stderr.split())[:200]}")
+    return result("passed", "", " ".join(res.stdout.split())[:60], int(stats.group(2)), int(stats.group(1)))
+
+
 def _exited(proc: IsolatedProcess, wait_s: float) -> bool:
     deadline = time.monotonic() + wait_s
     while proc.running and time.monotonic() < deadline:
@@ -100,6 +138,11 @@ def check_recommendation(study: optuna.Study, campaign: Campaign, best: store.Be
     engine = base.create(campaign.engine, **campaign.engine_options)
     if best is None:
         check = DeploymentCheck("skipped", "no recommended configuration to start", None, "", "", 0, 0.0)
+    elif capabilities(campaign.engine).generates:
+        announce()
+        command = shlex.split(render("generate", best, study.study_name, campaign.engine))
+        check = against_budget(run_generate_check(command, campaign.measure.timeout_s, generate_prompt(best.config),
+                                                  best.trial.number, tuple(measured_gpus())), best.trial, campaign)
     elif not isinstance(engine, LlamaToolsEngine):
         check = DeploymentCheck("skipped", f"the {campaign.engine} engine did not run llama.cpp's tools on this "
                                 "machine, so its configuration is not started here", best.trial.number, "", "", 0,
@@ -135,7 +178,7 @@ def against_budget(check: DeploymentCheck, trial: TrialRecord, campaign: Campaig
     side = "VRAM" if gpu else "RSS"
     measured = trial.vram_peak_mib if gpu else trial.rss_peak_mib
     budget = campaign.constraints.vram_mib if gpu else campaign.constraints.ram_mib
-    words = f"llama-server's peak {side} {peak:.0f} MiB"
+    words = f"{check.program}'s peak {side} {peak:.0f} MiB"
     if measured:
         served = trial.context_mib and campaign.constraints.side == ("device" if gpu else "host")
         words += f" (the sweep measured {measured:.0f}" + (
@@ -147,8 +190,8 @@ def against_budget(check: DeploymentCheck, trial: TrialRecord, campaign: Campaig
             f", within the {budget:.0f} MiB budget"
     checked = replace(check, memory=words, over_budget=over)
     if over and gpu and check.passed:
-        return replace(checked, status="failed", reason=f"as printed, llama-server went over the {budget:.0f} MiB "
-                                                        "VRAM budget")
+        return replace(checked, status="failed", reason=f"as printed, {check.program} went over the {budget:.0f} "
+                                                        "MiB VRAM budget")
     return checked
 
 

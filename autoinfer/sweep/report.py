@@ -193,6 +193,14 @@ def print_recommendation(console: Console, study: optuna.Study, campaign) -> Non
     else:
         console.print(f"\nits {campaign.engine} engine settings:")
         console.print(render("yaml", best, study.study_name, campaign.engine), markup=False, highlight=False)
+        print_generate(console, best, study.study_name, campaign.engine)
+
+
+def print_generate(console: Console, best, study_name: str, engine: str) -> None:
+    """The command that generates text with the configuration, for engines that have one."""
+    if capabilities(engine).generates:
+        console.print("\ngenerate text with it:")
+        console.print(render("generate", best, study_name, engine), markup=False, highlight=False, soft_wrap=True)
 
 
 def print_contest(console: Console, name: str, record: ContestRecord) -> None:
@@ -240,3 +248,4 @@ def print_contest_command(console: Console, best, study: optuna.Study, engine: s
         console.print(f"\nrun it with (the {engine} engine's own command, as measured):")
         console.print(render("bench", best, study.study_name, engine), markup=False, highlight=False,
                       soft_wrap=True)
+        print_generate(console, best, study.study_name, engine)

@@ -104,3 +104,32 @@ def test_the_check_is_stored_on_the_study():
     record(study, measured)
     assert stored(study) == measured and measured.line().endswith("; llama-server's peak VRAM 8090 MiB, within the "
                                                                   "8192 MiB budget")
+
+
+def test_a_generate_command_passes_only_if_it_exits_0_having_generated(tmp_path):
+    """The reference engine's printed generate command, run to its end (run_generate_check): stand-ins that end the
+    ways the real one can, and the real one on the tiny synthetic model."""
+    import sys
+
+    from autoinfer.engines.reference import generate_command
+    from autoinfer.sweep.deploy import generate_prompt, run_generate_check
+
+    def stand_in(code: str) -> list[str]:
+        return [sys.executable, "-c", code]
+
+    said = "import sys; print('hi there'); print('prompt: 5 tokens in 0.1 s, 50 tok/s; generated: 8 tokens', " \
+           "file=sys.stderr)"
+    assert run_generate_check(stand_in(said), 30, 5, trial=2).line().startswith(
+        "passed: generate answered to a 5-token prompt with 8 tokens ('hi there')")
+    refused = stand_in("import sys; print('error: the model file is gone', file=sys.stderr); sys.exit(2)")
+    assert run_generate_check(refused, 30, 5).reason == "generate exited with status 2: error: the model file is gone"
+    assert "generate wrote no tokens" in run_generate_check(stand_in("pass"), 30, 5).reason
+    assert "did not finish within 1 s" in run_generate_check(stand_in("import time; time.sleep(30)"), 1, 5).reason
+
+    config = TrialConfig(str(cached_model("tiny", "Q8_0")), n_prompt=64, n_gen=16, extra=(("torch_threads", 1),))
+    assert generate_prompt(config) == 64
+    assert generate_prompt(TrialConfig("m.gguf", n_prompt=512, n_gen=16, extra=(("max_context", 256),))) == \
+        256 - N_PREDICT
+    check = run_generate_check(generate_command(config), 300, generate_prompt(config), trial=0)
+    assert check.status == "passed" and check.tokens == N_PREDICT and check.prompt_tokens == 64, check.reason
+    assert check.rss_peak_mib and check.command.endswith("--torch-threads 1 --prompt Hello")

@@ -106,6 +106,10 @@ def test_sweep_campaign_with_the_reference_engine(hf_gguf, tmp_path):
         assert t.value == pytest.approx(statistics.median(t.user_attrs["tg_samples"]))  # objective: tg
         assert "autoinfer.refengine.worker" in t.user_attrs["engine_cmd"]
     assert "llama-server" not in proc.stdout and "gdn:" in proc.stdout  # its own settings, not a llama.cpp command
+    said = " ".join(proc.stdout.split())
+    # the printed generate command, run once as the deployment check: the measurement's 16-token prompt, 8 tokens
+    assert "generate text with it: " in said and "deployment check passed: generate answered to a 16-token prompt " \
+        "with 8 tokens" in said, proc.stdout[-2000:]
     cli = [sys.executable, "-c", "from autoinfer.cli import main; main()", "export", "--study", "ref-sweep"]
     env = {**os.environ, "AUTOINFER_RESULTS": str(results)}
     refused = subprocess.run([*cli, "--format", "server"], capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -113,6 +117,11 @@ def test_sweep_campaign_with_the_reference_engine(hf_gguf, tmp_path):
     exported = subprocess.run([*cli, "--format", "yaml"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert exported.returncode == 0 and "llama_server" not in exported.stdout and "autoinfer.refengine.worker" in \
         exported.stdout
+    generate = subprocess.run([*cli, "--format", "generate"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert generate.returncode == 0 and "-m autoinfer.refengine.generate --model" in generate.stdout
+    pasted = subprocess.run(shlex.split(generate.stdout.strip()) + ["--n-predict", "3"], capture_output=True,
+                            text=True, cwd=tmp_path, env=env)
+    assert pasted.returncode == 0 and "generated: 3 tokens" in pasted.stderr, pasted.stderr
     command = subprocess.run([*cli, "--format", "bench"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert command.returncode == 0 and "-m autoinfer.refengine.worker --model" in command.stdout
     # the searched knobs as a measured trial ran them (a knob at the worker's default has no flag)
