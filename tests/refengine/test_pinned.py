@@ -54,8 +54,6 @@ def test_the_35b_experts_shape_packs_within_3_percent_where_per_tensor_rounding_
     assert arena.block_bytes <= 1.03 * data
     assert [b.numel() for b in arena.blocks] == [4 * 2**20] * 4 + [2**20, 256 * 2**10]
     assert all(torch.equal(c, t) for c, t in zip(copies, tensors))
-    per_tensor = 120 * (1 << (size - 1).bit_length())
-    assert per_tensor >= 1.7 * data
 
 
 def test_a_quantized_weight_keeps_its_type_and_logical_shape():
