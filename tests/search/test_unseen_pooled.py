@@ -75,3 +75,27 @@ def test_unreadable_result_files_are_one_line_errors(pooled_main, tmp_path, caps
     assert pooled_main([str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
+
+
+def test_misses_list_every_table_budget_above_12_and_the_ratios_to_random_search(pooled_main, capsys):
+    """--misses: the account search-efficiency.md gives of a set, each line from the two result files."""
+    path = BENCHMARKS / "results" / f"search-efficiency-{SETS[1]}-fresh-noise.json"
+    ours = json.loads(path.read_text())
+    random = {(r["table"], r["budget_mib"]): r["random"] for r in json.loads(
+        path.with_name(path.name.replace("fresh-noise", "random100")).read_text())}
+    assert pooled_main(["--misses", str(path)]) == 0
+    out = capsys.readouterr().out
+    account = out[out.index(f"\n{SETS[1]}:\n"):]
+    for key, name in (("median_noise_free", "noise-free"), ("median", "by rows")):
+        above = [o for o in ours if o["boundary"][key] > 12]
+        assert f"{name} above 12 on {len(above)}:" in account
+        for o in above:
+            line = (f"  {Path(o['table']).stem} at {o['budget_mib'] / 1024:g} GiB: noise-free "
+                    f"{o['boundary']['median_noise_free']}, by rows {o['boundary']['median']}; traps {o['traps']}")
+            assert line in account
+        ratios = [o["boundary"][key] / random[(o["table"], o["budget_mib"])][key] for o in ours]
+        assert f"against random search {name}: within 100 on " in account
+        assert f"median ratio {statistics.median(ratios):.3f}, above a quarter on {sum(q > 0.25 for q in ratios)}" \
+            in account
+    worst = min(o["boundary"]["answer_median"] for o in ours)
+    assert "worst answers after 12: " in account and f"{worst:.1%}" in account
