@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-EXIT_INPUT, EXIT_OOM = 2, 4
+from autoinfer.refengine.worker import EXIT_REJECTED, reported
+
+EXIT_INPUT = EXIT_REJECTED  # bad input (out of memory: the worker's EXIT_OOM, 4)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,23 +142,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from autoinfer.errors import UserError
-
-    try:
-        import torch
-    except ModuleNotFoundError:
-        print("error: torch is not installed; pip install 'autoinfer[engine]'", file=sys.stderr)
-        return EXIT_INPUT
-    try:
-        run(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
-        print(f"error: out of memory: {exc}", file=sys.stderr)
-        return EXIT_OOM
-    return 0
-
+    return reported(lambda: run(args), EXIT_INPUT)[0]
 
 if __name__ == "__main__":
     sys.exit(main())

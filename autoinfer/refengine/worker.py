@@ -10,7 +10,9 @@ import argparse
 import json
 import sys
 import time
+from typing import Callable, TypeVar
 
+T = TypeVar("T")
 EXIT_REJECTED, EXIT_LOAD, EXIT_OOM = 2, 3, 4
 
 
@@ -80,33 +82,42 @@ def _device_used_mib() -> float:
     return (total - free) / 2**20
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def reported(fn: Callable[[], T], user_error: int = EXIT_REJECTED) -> tuple[int, T | None]:
+    """fn()'s value with status 0, or the exit status of what ended it, said in one line on stderr: a UserError
+    `user_error`, running out of memory EXIT_OOM, torch missing EXIT_REJECTED. The worker's and generate's."""
     from autoinfer.errors import UserError
 
     try:
         import torch
     except ModuleNotFoundError:
         print("error: torch is not installed; pip install 'autoinfer[engine]'", file=sys.stderr)
-        return EXIT_REJECTED
+        return EXIT_REJECTED, None
     try:
-        from autoinfer.refengine.loader import read_config
-
-        read_config(args.model)
+        return 0, fn()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_LOAD
-    try:
-        result = measure(args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_REJECTED
+        return user_error, None
     except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
         print(f"error: out of memory: {exc}", file=sys.stderr)
-        return EXIT_OOM
+        return EXIT_OOM, None
+
+
+def _read_config(model: str) -> None:
+    from autoinfer.refengine.loader import read_config
+
+    read_config(model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    code, _ = reported(lambda: _read_config(args.model), EXIT_LOAD)
+    if code:
+        return code
+    code, result = reported(lambda: measure(args))
+    if code:
+        return code
     print(json.dumps(result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
